@@ -1,0 +1,60 @@
+# The two commands a newcomer needs:  make lab   and   make test
+# Everything else here is plumbing for them, plus the exercise tools.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# JupyterLab refuses to run as root unless told it may (CI and containers run as root).
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
+PORT   ?= 8888
+NOTEBOOKS := $(wildcard notebooks/*.ipynb) $(wildcard solutions/*.ipynb)
+
+.PHONY: help lab test lint unit nbval exercises check assign bench clean-venv
+
+help:
+	@echo "make lab    set up .venv and open the course in JupyterLab (127.0.0.1, token auth)"
+	@echo "make test   set up .venv with the test extras and run every test"
+	@echo "make check EX=03   check your exercises/03_*.ipynb against the solutions"
+	@echo "make exercises     regenerate exercises/ from solutions/"
+	@echo "make bench         run the attention benchmark (needs the reference extra)"
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# Stamps re-run the install whenever pyproject.toml changes.
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -e .
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -e '.[test]'
+	touch $@
+
+lab: $(VENV)/.installed
+	$(BIN)/jupyter lab --ip=127.0.0.1 --port=$(PORT) $(ROOT_FLAG) \
+	    --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/notebooks
+
+lint: $(VENV)/.installed-test
+	$(BIN)/ruff check mha_course tests benchmarks
+
+unit: $(VENV)/.installed-test
+	$(BIN)/python -m pytest --doctest-modules mha_course tests
+
+# Strict nbval: every output of every lesson and solution notebook is compared.
+nbval: $(VENV)/.installed-test
+	$(if $(NOTEBOOKS),$(BIN)/python -m pytest --nbval --nbval-current-env \
+	    --nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider $(NOTEBOOKS),@echo "no notebooks yet")
+
+test: lint unit nbval
+
+exercises: $(VENV)/.installed
+	$(BIN)/python -m mha_course generate
+
+check: $(VENV)/.installed-test
+	$(BIN)/python -m mha_course check $(if $(EX),exercises/$(EX)_*.ipynb,$(error pass EX=NN, e.g. make check EX=03))
+
+bench: $(VENV)/.installed-test
+	$(BIN)/python benchmarks/attention.py $(ARGS)
+
+clean-venv:
+	rm -rf $(VENV)

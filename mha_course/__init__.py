@@ -1,0 +1,27 @@
+"""mha_course: from matrix multiplication to multi-head attention, in NumPy.
+
+The helper package of the course: each module implements one concept exactly as its lesson
+teaches it (the module docstring names the lesson). Lessons write each concept inline, show it
+equals the function here, and import it from then on.
+"""
+
+from .attention import causal_mask, padding_mask, scaled_dot_product_attention
+from .cost import attention_flops, param_count
+from .multihead import MultiHeadAttention, merge_heads, split_heads
+from .softmax import log_softmax, logsumexp, softmax
+
+__all__ = [
+    "MultiHeadAttention",
+    "attention_flops",
+    "causal_mask",
+    "log_softmax",
+    "logsumexp",
+    "merge_heads",
+    "padding_mask",
+    "param_count",
+    "scaled_dot_product_attention",
+    "softmax",
+    "split_heads",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,337 @@
+"""Multi-head attention: split and merge heads, and the ``MultiHeadAttention`` layer.
+
+Taught in ``notebooks/04_multi_head_attention.ipynb``.
+
+Layout: the fused projection ``W_q`` of shape (d_model, h*d_k) holds head ``i`` in columns
+``i*d_k : (i+1)*d_k``; that is exactly the article's per-head matrices ``W_q[i]`` of shape
+(d_model, d_k) laid side by side (:meth:`MultiHeadAttention.from_per_head` and
+:meth:`MultiHeadAttention.per_head` convert). Inputs multiply from the left: ``q = x @ W_q``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._checks import as_float_array, check_mask, check_positive_int, check_shape, fail
+from .attention import scaled_dot_product_attention
+
+
+def split_heads(x, h: int) -> np.ndarray:
+    """Split the last axis into ``h`` heads and move the head axis before ``T``.
+
+    Parameters
+    ----------
+    x : ndarray, shape (..., T, h*d)
+    h : int
+        Number of heads; must divide the last axis.
+
+    Returns
+    -------
+    ndarray, shape (..., h, T, d)
+        A view of ``x`` (no copy): head ``i`` is ``x[..., i*d:(i+1)*d]``.
+
+    Raises
+    ------
+    ValueError
+        If ``x`` has fewer than 2 axes or ``h`` does not divide its last axis.
+
+    Examples
+    --------
+    >>> split_heads(np.zeros((3, 8)), h=2).shape
+    (2, 3, 4)
+    """
+    func = "split_heads"
+    h = check_positive_int(func, "h", h)
+    x = np.asarray(x)
+    check_shape(func, "x", x, ("T", "h*d"))
+    *lead, T, D = x.shape
+    if D % h:
+        raise fail(func, f"x has shape {x.shape}; its last axis {D} is not divisible by h={h}")
+    # (..., T, h*d) -> (..., T, h, d) -> (..., h, T, d)
+    return np.swapaxes(x.reshape(*lead, T, h, D // h), -2, -3)
+
+
+def merge_heads(x) -> np.ndarray:
+    """Inverse of :func:`split_heads`: (..., h, T, d) -> (..., T, h*d).
+
+    Parameters
+    ----------
+    x : ndarray, shape (..., h, T, d)
+
+    Returns
+    -------
+    ndarray, shape (..., T, h*d)
+        The heads side by side, head ``i`` in columns ``i*d:(i+1)*d``.
+
+    Raises
+    ------
+    ValueError
+        If ``x`` has fewer than 3 axes.
+
+    Examples
+    --------
+    >>> merge_heads(np.zeros((2, 3, 4))).shape
+    (3, 8)
+    """
+    x = np.asarray(x)
+    check_shape("merge_heads", "x", x, ("h", "T", "d"))
+    *lead, h, T, d = x.shape
+    # (..., h, T, d) -> (..., T, h, d) -> (..., T, h*d)
+    return np.swapaxes(x, -3, -2).reshape(*lead, T, h * d)
+
+
+def _head_dims(func: str, d_model, h, d_k, d_v) -> tuple[int, int, int, int]:
+    """Validate the layer's sizes; fill in d_k = d_model / h and d_v = d_k when not given."""
+    d_model = check_positive_int(func, "d_model", d_model)
+    h = check_positive_int(func, "h", h)
+    if d_k is None:
+        if d_model % h:
+            raise fail(func, f"d_model={d_model} is not divisible by h={h}; pass d_k explicitly")
+        d_k = d_model // h
+    d_k = check_positive_int(func, "d_k", d_k)
+    d_v = d_k if d_v is None else check_positive_int(func, "d_v", d_v)
+    return d_model, h, d_k, d_v
+
+
+class MultiHeadAttention:
+    """Multi-head attention as in Vaswani et al. (2017), vectorised over heads.
+
+    ``MultiHead(x, context) = Concat(head_1, ..., head_h) W_o`` with
+    ``head_i = Attention(x W_q[i], context W_k[i], context W_v[i])``, all heads computed at once
+    by one fused projection and a reshape.
+
+    Parameters
+    ----------
+    d_model : int
+        Width of the input and output.
+    h : int
+        Number of heads.
+    d_k : int, optional
+        Query/key width per head; default ``d_model // h`` (then ``h`` must divide ``d_model``).
+    d_v : int, optional
+        Value width per head; default ``d_k``.
+    bias : bool, default False
+        Add biases ``b_q``, ``b_k``, ``b_v``, ``b_o`` (zeros at start, as in PyTorch).
+    rng : int or numpy.random.Generator, optional
+        Seed or generator for the initial weights (Xavier/Glorot uniform, as PyTorch).
+
+    Attributes
+    ----------
+    W_q, W_k : ndarray, shape (d_model, h*d_k)
+    W_v : ndarray, shape (d_model, h*d_v)
+    W_o : ndarray, shape (h*d_v, d_model)
+    b_q, b_k, b_v, b_o : ndarray or None
+        Shapes (h*d_k,), (h*d_k,), (h*d_v,), (d_model,) when ``bias=True``.
+
+    Raises
+    ------
+    ValueError
+        If a size is not a positive integer, or ``h`` does not divide ``d_model`` and no
+        ``d_k`` is given.
+
+    Examples
+    --------
+    >>> mha = MultiHeadAttention(d_model=8, h=2, rng=0)
+    >>> out, weights = mha(np.ones((3, 8)))
+    >>> out.shape, weights.shape
+    ((3, 8), (2, 3, 3))
+    """
+
+    def __init__(self, d_model, h, d_k=None, d_v=None, *, bias=False, rng=None):
+        d_model, h, d_k, d_v = _head_dims("MultiHeadAttention", d_model, h, d_k, d_v)
+        self.d_model, self.h, self.d_k, self.d_v = d_model, h, d_k, d_v
+        rng = np.random.default_rng(rng)
+
+        def xavier(fan_in, fan_out):
+            bound = np.sqrt(6.0 / (fan_in + fan_out))
+            return rng.uniform(-bound, bound, size=(fan_in, fan_out))
+
+        self.W_q = xavier(d_model, h * d_k)
+        self.W_k = xavier(d_model, h * d_k)
+        self.W_v = xavier(d_model, h * d_v)
+        self.W_o = xavier(h * d_v, d_model)
+        self.bias = bool(bias)
+        zeros = np.zeros if self.bias else (lambda n: None)
+        self.b_q, self.b_k, self.b_v, self.b_o = (
+            zeros(h * d_k), zeros(h * d_k), zeros(h * d_v), zeros(d_model)
+        )
+
+    # ----------------------------------------------------------------- the article's layout
+    @classmethod
+    def from_per_head(cls, W_q, W_k, W_v, W_o, *, b_q=None, b_k=None, b_v=None, b_o=None):
+        """Build the layer from the article's per-head matrices.
+
+        Parameters
+        ----------
+        W_q, W_k : sequence of h arrays of shape (d_model, d_k), or one array (h, d_model, d_k)
+        W_v : sequence of h arrays of shape (d_model, d_v), or one array (h, d_model, d_v)
+        W_o : ndarray, shape (h*d_v, d_model)
+        b_q, b_k, b_v : sequence of h arrays (d_k,) / (d_v,), optional
+        b_o : ndarray, shape (d_model,), optional
+            Give all four biases or none.
+
+        Returns
+        -------
+        MultiHeadAttention
+            Whose fused ``W_q`` is ``concatenate(W_q, axis=1)`` (and likewise for K and V).
+
+        Raises
+        ------
+        ValueError
+            If the per-head matrices disagree in shape or with ``W_o``.
+
+        Examples
+        --------
+        >>> heads = [np.eye(4, 2)] * 2
+        >>> MultiHeadAttention.from_per_head(heads, heads, heads, np.eye(4)).W_q.shape
+        (4, 4)
+        """
+        func = "MultiHeadAttention.from_per_head"
+        stacked = {}
+        for name, arr in (("W_q", W_q), ("W_k", W_k), ("W_v", W_v)):
+            stacked[name] = as_float_array(func, name, arr if np.ndim(arr) == 3 else np.stack(arr))
+        W_o = as_float_array(func, "W_o", W_o)
+        per_head = ("h", "d_model", "d_k")
+        h, d_model, d_k = check_shape(func, "W_q", stacked["W_q"], per_head, batch=False).values()
+        known = {"h": (h, "W_q"), "d_model": (d_model, "W_q"), "d_k": (d_k, "W_q")}
+        check_shape(func, "W_k", stacked["W_k"], per_head, known, batch=False)
+        known.pop("d_k")
+        d_v = check_shape(func, "W_v", stacked["W_v"], ("h", "d_model", "d_v"), known, batch=False)
+        d_v = d_v["d_v"]
+        fused = {"h*d_k": (h * d_k, "W_q"), "h*d_v": (h * d_v, "W_v"), "d_model": (d_model, "W_q")}
+        check_shape(func, "W_o", W_o, ("h*d_v", "d_model"), fused, batch=False)
+        biases = {"b_q": b_q, "b_k": b_k, "b_v": b_v, "b_o": b_o}
+        if any(b is not None for b in biases.values()) and any(b is None for b in biases.values()):
+            raise fail(func, "give all four biases b_q, b_k, b_v, b_o, or none")
+        layer = cls(d_model, h, d_k, d_v, bias=b_q is not None)
+        # [h][d_model, d] -> (d_model, h*d): head i in columns i*d:(i+1)*d
+        for name in ("W_q", "W_k", "W_v"):
+            setattr(layer, name, np.concatenate(list(stacked[name]), axis=1))
+        layer.W_o = np.array(W_o)
+        if layer.bias:
+            letters = {"b_q": "h*d_k", "b_k": "h*d_k", "b_v": "h*d_v", "b_o": "d_model"}
+            for name, b in biases.items():
+                # per-head biases [h][d] -> (h*d,); b_o is already (d_model,)
+                b = as_float_array(func, name, b)
+                b = b.reshape(-1) if name != "b_o" else b
+                check_shape(func, name, b, (letters[name],), fused, batch=False)
+                setattr(layer, name, np.array(b))
+        return layer
+
+    def per_head(self) -> dict[str, np.ndarray]:
+        """The projections in the article's per-head layout.
+
+        Returns
+        -------
+        dict
+            ``"W_q"``, ``"W_k"``: (h, d_model, d_k); ``"W_v"``: (h, d_model, d_v);
+            ``"W_o"``: (h, d_v, d_model), the rows of ``W_o`` that read head ``i``.
+
+        Examples
+        --------
+        >>> MultiHeadAttention(8, 2, rng=0).per_head()["W_q"].shape
+        (2, 8, 4)
+        """
+        h, d_model, d_k, d_v = self.h, self.d_model, self.d_k, self.d_v
+        return {
+            # (d_model, h*d_k) -> (d_model, h, d_k) -> (h, d_model, d_k)
+            "W_q": self.W_q.reshape(d_model, h, d_k).transpose(1, 0, 2),
+            "W_k": self.W_k.reshape(d_model, h, d_k).transpose(1, 0, 2),
+            "W_v": self.W_v.reshape(d_model, h, d_v).transpose(1, 0, 2),
+            # (h*d_v, d_model) -> (h, d_v, d_model)
+            "W_o": self.W_o.reshape(h, d_v, d_model),
+        }
+
+    def parameters(self) -> dict[str, np.ndarray]:
+        """Every parameter array by name (biases only when the layer has them).
+
+        Examples
+        --------
+        >>> sorted(MultiHeadAttention(8, 2, bias=True).parameters())
+        ['W_k', 'W_o', 'W_q', 'W_v', 'b_k', 'b_o', 'b_q', 'b_v']
+        """
+        names = ["W_q", "W_k", "W_v", "W_o"] + (["b_q", "b_k", "b_v", "b_o"] if self.bias else [])
+        return {name: getattr(self, name) for name in names}
+
+    # ------------------------------------------------------------------------ the forward pass
+    def forward(self, x, context=None, mask=None) -> tuple[np.ndarray, np.ndarray]:
+        """Attend from ``x`` to ``context`` (to ``x`` itself when ``context`` is None).
+
+        Parameters
+        ----------
+        x : ndarray of float, shape (..., T, d_model)
+            The queries' input.
+        context : ndarray of float, shape (..., S, d_model), optional
+            The keys' and values' input, for cross-attention. Default: ``x``.
+        mask : ndarray of bool, broadcastable to (..., T, S), optional
+            ``True`` = may attend; applied to every head.
+
+        Returns
+        -------
+        out : ndarray, shape (..., T, d_model)
+            In ``x``'s dtype (float32 in, float32 out).
+        weights : ndarray, shape (..., h, T, S)
+            Every head's attention weights.
+
+        Raises
+        ------
+        ValueError
+            On a wrong last axis, batch axes of ``x`` and ``context`` that do not broadcast, a
+            mask that does not broadcast to (..., T, S), or non-float input.
+
+        Examples
+        --------
+        >>> mha = MultiHeadAttention(d_model=8, h=2, rng=0)
+        >>> out, weights = mha(np.ones((4, 3, 8)), context=np.ones((4, 5, 8)))
+        >>> out.shape, weights.shape
+        ((4, 3, 8), (4, 2, 3, 5))
+        """
+        func = "MultiHeadAttention"
+        x = as_float_array(func, "x", x)
+        known = {"d_model": (self.d_model, "the layer")}
+        T = check_shape(func, "x", x, ("T", "d_model"), known)["T"]
+        if context is None:
+            context = x
+        else:
+            context = as_float_array(func, "context", context)
+        S = check_shape(func, "context", context, ("S", "d_model"), known)["S"]
+        try:
+            batch = np.broadcast_shapes(x.shape[:-2], context.shape[:-2])
+        except ValueError:
+            raise fail(
+                func,
+                f"the batch axes of x {x.shape[:-2]} and context {context.shape[:-2]} "
+                "do not broadcast together",
+            ) from None
+        m = check_mask(func, mask, (*batch, T, S), f"(..., T, S) = {(*batch, T, S)}")
+        if m is not None:
+            # (..., T, S) -> (..., 1, T, S): the same mask for every head
+            m = m.reshape((1,) * (2 - m.ndim) + m.shape)[..., None, :, :]
+
+        dtype = np.result_type(x, context)
+        q = self._project(x, self.W_q, self.b_q, dtype)  # (..., T, h*d_k)
+        k = self._project(context, self.W_k, self.b_k, dtype)  # (..., S, h*d_k)
+        v = self._project(context, self.W_v, self.b_v, dtype)  # (..., S, h*d_v)
+        heads, weights = scaled_dot_product_attention(
+            split_heads(q, self.h),  # (..., h, T, d_k)
+            split_heads(k, self.h),  # (..., h, S, d_k)
+            split_heads(v, self.h),  # (..., h, S, d_v)
+            m,
+        )  # heads (..., h, T, d_v), weights (..., h, T, S)
+        out = self._project(merge_heads(heads), self.W_o, self.b_o, dtype)  # (..., T, d_model)
+        return out, weights
+
+    __call__ = forward
+
+    @staticmethod
+    def _project(x, W, b, dtype):
+        y = x @ W.astype(dtype, copy=False)
+        if b is not None:
+            y += b.astype(dtype, copy=False)
+        return y
+
+    def __repr__(self) -> str:
+        return (
+            f"MultiHeadAttention(d_model={self.d_model}, h={self.h}, d_k={self.d_k}, "
+            f"d_v={self.d_v}, bias={self.bias})"
+        )
