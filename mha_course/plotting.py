@@ -1,0 +1,74 @@
+"""Figures shared by the lessons: attention-weight heatmaps with token labels.
+
+Used from ``notebooks/03_single_head_attention.ipynb`` on. This module (and ``explorer``) are
+the only ones that import matplotlib.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from ._checks import check_shape, fail
+
+#: The example sentence of the source article, used by lessons 03 and 04 and the explorer.
+SENTENCE = "the animal didn't cross the street because it was too tired"
+#: The sentence split on spaces: 11 tokens.
+TOKENS = tuple(SENTENCE.split())
+
+
+def plot_weights(weights, tokens_q=TOKENS, tokens_k=None, ax=None, title=None,
+                 colorbar=True, vmax=None):
+    """Draw one (T, S) matrix of attention weights as a heatmap with token labels.
+
+    Parameters
+    ----------
+    weights : ndarray, shape (T, S)
+        Rows are queries, columns keys.
+    tokens_q : sequence of str, length T
+        Query labels (y axis). Default: the example sentence.
+    tokens_k : sequence of str, length S, optional
+        Key labels (x axis). Default: ``tokens_q``.
+    ax : matplotlib Axes, optional
+        Where to draw; default a new figure.
+    title : str, optional
+    colorbar : bool, default True
+        Add a colorbar labelled "attention weight".
+    vmax : float, optional
+        Top of the colour scale (default 1, so heatmaps are comparable).
+
+    Returns
+    -------
+    matplotlib.image.AxesImage
+
+    Raises
+    ------
+    ValueError
+        If ``weights`` is not 2-D or the labels do not match its shape.
+
+    Examples
+    --------
+    >>> img = plot_weights(np.full((2, 3), 1 / 3), ["a", "b"], ["x", "y", "z"])
+    >>> img.get_array().shape
+    (2, 3)
+    >>> plt.close("all")
+    """
+    func = "plot_weights"
+    weights = np.asarray(weights)
+    tokens_k = tokens_q if tokens_k is None else tokens_k
+    check_shape(func, "weights", weights, ("T", "S"),
+                {"T": (len(tokens_q), "tokens_q"), "S": (len(tokens_k), "tokens_k")}, batch=False)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(0.45 * len(tokens_k) + 2, 0.4 * len(tokens_q) + 1.5))
+    elif not hasattr(ax, "imshow"):
+        raise fail(func, f"ax must be a matplotlib Axes, got {type(ax).__name__}")
+    img = ax.imshow(weights, cmap="viridis", vmin=0, vmax=1 if vmax is None else vmax)
+    ax.set_xticks(range(len(tokens_k)), labels=tokens_k, rotation=60, ha="right")
+    ax.set_yticks(range(len(tokens_q)), labels=tokens_q)
+    ax.set_xlabel("key (attended to)")
+    ax.set_ylabel("query (attending)")
+    if title:
+        ax.set_title(title)
+    if colorbar:
+        ax.figure.colorbar(img, ax=ax, fraction=0.046, pad=0.04, label="attention weight")
+    return img
