@@ -72,3 +72,78 @@ def plot_weights(weights, tokens_q=TOKENS, tokens_k=None, ax=None, title=None,
     if colorbar:
         ax.figure.colorbar(img, ax=ax, fraction=0.046, pad=0.04, label="attention weight")
     return img
+
+
+def plot_weights_panels(panels, tokens_q=TOKENS, tokens_k=None, titles=None, suptitle=None,
+                        vmax=None):
+    """Draw several (T, S) weight matrices side by side on one colour scale and one colorbar.
+
+    Used to compare masks (unmasked, causal, padded) or the sequences of a padded batch.
+
+    Parameters
+    ----------
+    panels : sequence of ndarray, each shape (T, S), or ndarray of shape (P, T, S)
+        The matrices to draw, left to right.
+    tokens_q : sequence of str, or sequence of P such sequences
+        Query labels (y axis): one list shared by every panel, or one list per panel (for a
+        padded batch, whose sequences differ). Default: the example sentence.
+    tokens_k : same forms as ``tokens_q``, optional
+        Key labels (x axis). Default: ``tokens_q``.
+    titles : sequence of str, length P, optional
+        One title per panel.
+    suptitle : str, optional
+        A title over the whole figure.
+    vmax : float, optional
+        Top of the shared colour scale (default 1).
+
+    Returns
+    -------
+    fig : matplotlib.figure.Figure
+    axes : list of matplotlib Axes, length P
+
+    Raises
+    ------
+    ValueError
+        If there are no panels, the number of titles or label lists differs from the number of
+        panels, or a panel's shape does not match its labels.
+
+    Examples
+    --------
+    >>> fig, axes = plot_weights_panels(np.full((2, 3, 3), 1 / 3), ["a", "b", "c"],
+    ...                                 titles=["first", "second"])
+    >>> len(axes), len(fig.axes)  # two heatmaps and one shared colorbar
+    (2, 3)
+    >>> plt.close("all")
+    """
+    func = "plot_weights_panels"
+    panels = [np.asarray(p) for p in panels]
+    P = len(panels)
+    if P == 0:
+        raise fail(func, "panels is empty; expected at least one (T, S) matrix")
+
+    def per_panel(name, labels):
+        # One shared list of str, or one list per panel.
+        if len(labels) and not isinstance(labels[0], str):
+            if len(labels) != P:
+                raise fail(func, f"{name} has {len(labels)} label lists; expected P={P}")
+            return [list(lab) for lab in labels]
+        return [list(labels)] * P
+
+    qs = per_panel("tokens_q", tokens_q)
+    ks = qs if tokens_k is None else per_panel("tokens_k", tokens_k)
+    if titles is not None and len(titles) != P:
+        raise fail(func, f"titles has {len(titles)} entries; expected P={P}")
+    T_max = max(len(q) for q in qs)
+    S_max = max(len(k) for k in ks)
+    fig, axes = plt.subplots(1, P, figsize=(P * (0.42 * S_max + 1.6) + 1.2, 0.4 * T_max + 2.0),
+                             squeeze=False, layout="constrained")
+    axes = list(axes[0])
+    for p, ax in enumerate(axes):
+        img = plot_weights(panels[p], qs[p], ks[p], ax=ax, colorbar=False, vmax=vmax,
+                           title=None if titles is None else titles[p])
+        if p:
+            ax.set_ylabel("")
+    fig.colorbar(img, ax=axes, fraction=0.046 / P, pad=0.02, label="attention weight")
+    if suptitle:
+        fig.suptitle(suptitle)
+    return fig, axes
