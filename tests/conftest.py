@@ -1,0 +1,61 @@
+"""Shared fixtures for the test suite.
+
+- ``torch``: the PyTorch module for the parity tests. Without torch the tests that use it are
+  skipped with a message saying how to install it, except when ``MHA_COURSE_REQUIRE_TORCH=1``
+  (``.ci/run`` sets it): then a missing torch is a failure, so CI cannot pass with the parity
+  tests silently skipped.
+- ``rng``: a seeded NumPy generator, fresh for each test.
+- Hypothesis settings: few, small examples and no deadline, so the suite stays fast on a shared
+  2-core machine. Run ``pytest --hypothesis-profile=thorough`` for a longer search.
+
+Nothing here changes global state such as ``torch.set_default_dtype``: parity tests build their
+float64 tensors explicitly.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+
+TORCH_MISSING = (
+    "install the 'reference' extra (pip install -e '.[reference]') to run the parity tests"
+)
+
+settings.register_profile(
+    "course",
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile("thorough", max_examples=500, deadline=None)
+settings.load_profile("course")
+
+
+def import_torch_or_skip():
+    """Return the ``torch`` module; skip the test without it, or fail when CI requires it."""
+    try:
+        import torch
+    except ImportError as exc:
+        if os.environ.get("MHA_COURSE_REQUIRE_TORCH") == "1":
+            pytest.fail(
+                f"MHA_COURSE_REQUIRE_TORCH=1 but torch cannot be imported ({exc}); "
+                + TORCH_MISSING,
+                pytrace=False,
+            )
+        pytest.skip(TORCH_MISSING)
+    return torch
+
+
+@pytest.fixture(scope="session")
+def torch():
+    """PyTorch, for the parity tests (see the module docstring for skip versus fail)."""
+    return import_torch_or_skip()
+
+
+@pytest.fixture
+def rng():
+    """A seeded generator, so every failure reproduces."""
+    return np.random.default_rng(20240611)
