@@ -135,7 +135,7 @@ def plot_weights_panels(panels, tokens_q=TOKENS, tokens_k=None, titles=None, sup
         raise fail(func, f"titles has {len(titles)} entries; expected P={P}")
     T_max = max(len(q) for q in qs)
     S_max = max(len(k) for k in ks)
-    fig, axes = plt.subplots(1, P, figsize=(P * (0.42 * S_max + 1.6) + 1.2, 0.4 * T_max + 2.0),
+    fig, axes = plt.subplots(1, P, figsize=(P * (0.38 * S_max + 1.5) + 1.2, 0.38 * T_max + 2.0),
                              squeeze=False, layout="constrained")
     axes = list(axes[0])
     for p, ax in enumerate(axes):
