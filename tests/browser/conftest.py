@@ -1,0 +1,336 @@
+"""Fixtures for the browser tests: a private JupyterLab server and Debian's Chromium.
+
+The server runs on 127.0.0.1, on a free port, with a random token, and keeps its config,
+runtime, data, settings and workspaces in a pytest temporary folder. It serves a copy of the
+lessons, so nothing in the checkout changes. Teardown stops it and its kernels even when a
+test fails.
+
+Without Chromium or playwright the tests skip, saying how to enable them; with
+``MHA_COURSE_REQUIRE_BROWSER=1`` (CI) they fail instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+# Where the lessons come from (override only to debug the suite on other notebooks).
+LESSONS_DIR = Path(os.environ.get("MHA_COURSE_LESSONS_DIR", REPO / "notebooks"))
+CHROMIUM = Path(os.environ.get("MHA_COURSE_CHROMIUM", "/usr/bin/chromium"))
+# Without the background-networking flags Chromium keeps calling home on a closed network.
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+RAISES_MARK = "NBVAL_RAISES_EXCEPTION"
+SERVER_START_TIMEOUT = 60  # seconds
+
+
+def lessons() -> list[Path]:
+    """The lesson notebooks the suite runs, in course order."""
+    return sorted(LESSONS_DIR.glob("*.ipynb"))
+
+
+def _missing_browser() -> str | None:
+    """Why the browser tests cannot run here, or None when they can."""
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "playwright is not installed (pip install playwright, or pip install -e '.[test]')"
+    if not CHROMIUM.is_file():
+        return f"Chromium not found at {CHROMIUM} (sudo apt-get install chromium)"
+    return None
+
+
+def require_browser() -> None:
+    """Skip (learner's machine) or fail (CI: MHA_COURSE_REQUIRE_BROWSER=1) without a browser."""
+    reason = _missing_browser()
+    if reason is None:
+        return
+    if os.environ.get("MHA_COURSE_REQUIRE_BROWSER") == "1":
+        pytest.fail(f"MHA_COURSE_REQUIRE_BROWSER=1 but {reason}", pytrace=False)
+    pytest.skip(f"browser tests need Chromium and playwright: {reason}")
+
+
+# --- the JupyterLab server ---------------------------------------------------------------------
+
+
+@dataclass
+class LabServer:
+    url: str  # http://127.0.0.1:PORT/
+    token: str
+    root: Path  # the served copy of the course
+    log: Path  # the server's stdout and stderr
+    tagged: dict[str, list[int]] = field(default_factory=dict)  # raises-exception tags we added
+
+    def lab_url(self, path: str) -> str:
+        return f"{self.url}{path}?token={self.token}"
+
+    def api(self, path: str, method: str = "GET", timeout: float = 5.0):
+        """Call the REST API with the token; return the decoded JSON (or None)."""
+        req = urllib.request.Request(
+            f"{self.url}api/{path}",
+            method=method,
+            headers={"Authorization": f"token {self.token}"},
+        )
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            body = resp.read()
+        return json.loads(body) if body else None
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _copy_lessons(dest: Path) -> dict[str, list[int]]:
+    """Copy the lessons; tag each NBVAL_RAISES_EXCEPTION cell ``raises-exception`` in the copy.
+
+    JupyterLab's run-all sends ``stop_on_error=True`` unless a cell has that tag, so an untagged
+    deliberate error stops every cell after it. Returns the cells tagged here, by notebook name
+    (empty lists once the lessons carry the tag themselves).
+    """
+    dest.mkdir(parents=True)
+    tagged = {}
+    for src in lessons():
+        nb = nbformat.read(src, as_version=4)
+        added = []
+        for i, cell in enumerate(nb.cells):
+            if cell.cell_type == "code" and RAISES_MARK in cell.source:
+                tags = cell.metadata.setdefault("tags", [])
+                if "raises-exception" not in tags:
+                    tags.append("raises-exception")
+                    added.append(i)
+        tagged[src.name] = added
+        nbformat.write(nb, dest / src.name)
+    return tagged
+
+
+def _write_user_settings(settings_dir: Path) -> None:
+    """Temp user settings: no news or update check (a toast would cover the page)."""
+    settings = {
+        "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
+            "fetchNews": "false",
+            "checkForUpdates": False,
+        },
+        "@jupyterlab/extensionmanager-extension/plugin.jupyterlab-settings": {"enabled": False},
+    }
+    for rel, value in settings.items():
+        path = settings_dir / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(value))
+
+
+def _descendants(pid: int) -> list[int]:
+    """PIDs of every live descendant of ``pid`` (kernels run in their own sessions)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        ppid = int(text.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _stop_server(proc: subprocess.Popen, server: LabServer | None) -> None:
+    """Shut the server and its kernels down politely, then by signal."""
+    kids = _descendants(proc.pid)
+    if server is not None and proc.poll() is None:
+        try:  # shuts down every kernel, then the server
+            server.api("shutdown", method="POST")
+        except (OSError, urllib.error.URLError):
+            pass
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    deadline = time.monotonic() + 5
+    for pid in kids:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if not _alive(pid):
+                break
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                break
+            while _alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+
+
+@pytest.fixture(scope="session")
+def lab_server(tmp_path_factory) -> LabServer:
+    require_browser()  # no server when the tests will skip anyway
+    base = tmp_path_factory.mktemp("jupyterlab")
+    root = base / "course"
+    tagged = _copy_lessons(root / "notebooks")
+    dirs = {
+        name: base / name.lower()
+        for name in (
+            "JUPYTER_CONFIG_DIR",
+            "JUPYTER_DATA_DIR",
+            "JUPYTER_RUNTIME_DIR",
+            "JUPYTERLAB_SETTINGS_DIR",
+            "JUPYTERLAB_WORKSPACES_DIR",
+        )
+    }
+    for d in dirs.values():
+        d.mkdir()
+    _write_user_settings(dirs["JUPYTERLAB_SETTINGS_DIR"])
+
+    port, token = _free_port(), secrets.token_hex(24)
+    cmd = [
+        sys.executable, "-m", "jupyterlab",
+        "--no-browser",
+        "--ServerApp.ip=127.0.0.1",
+        f"--ServerApp.port={port}",
+        "--ServerApp.port_retries=0",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={root}",
+        # window.jupyterapp, so the test can run commands and read the notebook model
+        "--LabApp.expose_app_in_browser=True",
+        # no announcements feed and no update check: the server must not call out either
+        "--LabApp.news_url=None",
+        "--LabApp.check_for_updates_class=jupyterlab.handlers.announcements.NeverCheckForUpdate",
+    ]  # fmt: skip
+    if os.geteuid() == 0:
+        cmd.append("--allow-root")
+    env = {**os.environ, **{k: str(v) for k, v in dirs.items()}}
+    # The python3 kernelspec says "python": make sure it is this environment's.
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env.pop("JUPYTER_PATH", None)
+    log = base / "jupyter-server.log"
+    with open(log, "wb") as log_file:
+        proc = subprocess.Popen(
+            cmd, cwd=root, env=env, stdout=log_file, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    server = None
+    try:
+        candidate = LabServer(f"http://127.0.0.1:{port}/", token, root, log, tagged)
+        deadline = time.monotonic() + SERVER_START_TIMEOUT
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"jupyter lab exited with {proc.returncode}:\n{log.read_text()}")
+            try:
+                candidate.api("status", timeout=2)
+                break
+            except (OSError, urllib.error.URLError):
+                if time.monotonic() > deadline:
+                    pytest.fail(f"jupyter lab did not answer in time:\n{log.read_text()}")
+                time.sleep(0.25)
+        server = candidate
+        print(f"\nJupyterLab {server.url} serving {root}; log: {log}")
+        yield server
+    finally:
+        _stop_server(proc, server)
+
+
+# --- the browser -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def browser():
+    require_browser()
+    from playwright.sync_api import sync_playwright
+
+    pw = sync_playwright().start()
+    try:
+        chromium = pw.chromium.launch(
+            executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True
+        )
+        yield chromium
+        chromium.close()
+    finally:
+        pw.stop()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    """Keep each phase's report on the item, so fixtures can tell a failed test."""
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report
+
+
+@pytest.fixture
+def page(browser, lab_server, request, tmp_path):
+    """A fresh browser tab that may only talk to 127.0.0.1; saves its console log on failure."""
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    context.set_default_timeout(30_000)
+    blocked: list[str] = []
+    console: list[str] = []
+
+    def only_localhost(route):
+        url = urllib.parse.urlsplit(route.request.url)
+        if url.scheme in ("data", "blob") or url.hostname == "127.0.0.1":
+            route.continue_()
+        else:
+            blocked.append(route.request.url)
+            route.abort()
+
+    context.route("**/*", only_localhost)
+    tab = context.new_page()
+    tab.on("console", lambda msg: console.append(f"[{msg.type}] {msg.text}"))
+    tab.on("pageerror", lambda exc: console.append(f"[pageerror] {exc}"))
+    tab.blocked_requests = blocked
+    yield tab
+
+    failed = any(
+        getattr(request.node, f"rep_{when}", None) is not None
+        and getattr(request.node, f"rep_{when}").failed
+        for when in ("setup", "call")
+    )
+    log = tmp_path / "browser-console.log"
+    log.write_text("\n".join(console + [f"[blocked] {u}" for u in blocked]) + "\n")
+    if failed:
+        shot = tmp_path / "failure.png"
+        try:
+            tab.screenshot(path=shot)
+            print(f"screenshot at failure: {shot}")
+        except Exception as exc:  # the page may be gone; the log matters more
+            print(f"no failure screenshot: {exc}")
+        print(f"browser console log: {log}\n{log.read_text()}")
+        print(f"server log: {lab_server.log}")
+    context.close()
