@@ -65,6 +65,8 @@ __all__ = [
 ]
 
 RTOL, ATOL = 1e-6, 1e-9
+_NAN_GENERIC = ("NaN and inf come from 0/0, inf/inf, inf - inf or a log of 0 or less; print "
+                "the intermediate arrays of your function to see where they first appear")
 
 
 class CheckFailed(AssertionError):
@@ -191,20 +193,20 @@ def _array(ex, got, what: str, shape, letters: str, kind: str):
     except Exception:
         arr = np.asarray(got, dtype=object)
     if arr.dtype == object:
-        raise _fail(ex, f"{what} is not a numeric array (got {type(got).__name__}); "
+        raise _fail(ex, f"{what}: not a numeric array (got {type(got).__name__}); "
                         f"expected shape {letters} = {_shape(shape)}")
     if arr.shape != tuple(shape):
         return arr  # the caller reports shapes, after trying the known wrong variants
     if kind == "b" and arr.dtype.kind != "b":
         raise _fail(
             ex,
-            f"{what} has dtype {arr.dtype}; expected bool (True = may attend). Build it with a "
+            f"{what}: dtype {arr.dtype}; expected bool (True = may attend). Build it with a "
             "comparison such as `s <= t`, or `.astype(bool)`",
         )
     if kind == "f" and arr.dtype.kind != "f":
-        raise _fail(ex, f"{what} has dtype {arr.dtype}; expected a float array")
+        raise _fail(ex, f"{what}: dtype {arr.dtype}; expected a float array")
     if kind == "i" and arr.dtype.kind not in "iu":
-        raise _fail(ex, f"{what} has dtype {arr.dtype}; expected integers (indices)")
+        raise _fail(ex, f"{what}: dtype {arr.dtype}; expected integers (indices)")
     return arr
 
 
@@ -233,20 +235,20 @@ def _compare(ex, got, want, what: str, letters: str, variants=(), shape_hints=No
             continue
         wrong = np.asarray(wrong)
         if wrong.shape == arr.shape and not _close(wrong, want) and _close(arr, wrong):
-            raise _fail(ex, f"{what} is wrong. Likely mistake: {message}")
+            raise _fail(ex, f"{what}: not what the reference gives. Likely mistake: {message}")
     if arr.shape != want.shape:
         hint = (shape_hints or {}).get(tuple(arr.shape))
         raise _fail(
             ex,
-            f"{what} has shape {_shape(arr.shape)}; expected {letters} = {_shape(want.shape)}"
+            f"{what}: shape {_shape(arr.shape)}; expected {letters} = {_shape(want.shape)}"
             + (f". Likely mistake: {hint}" if hint else ""),
         )
     if arr.dtype.kind == "f" and not np.isfinite(arr).all() and np.isfinite(want).all():
         bad = np.argwhere(~np.isfinite(arr))[0]
         raise _fail(
             ex,
-            f"{what} contains {_fmt(arr[tuple(bad)])} at index {_idx(bad)}"
-            + (f". Likely mistake: {nan_message}" if nan_message else ""),
+            f"{what}: {_fmt(arr[tuple(bad)])} at index {_idx(bad)}"
+            + f". Likely mistake: {nan_message or _NAN_GENERIC}",
         )
     for prop in props:
         prop(arr)
@@ -255,8 +257,8 @@ def _compare(ex, got, want, what: str, letters: str, variants=(), shape_hints=No
     where = np.unravel_index(int(np.argmax(diff)), diff.shape)
     raise _fail(
         ex,
-        f"{what} differs from the reference: at index {_idx(where)} you have "
-        f"{_fmt(arr[where])}, expected {_fmt(want[where])}",
+        f"{what}: at index {_idx(where)} you have {_fmt(arr[where])}, the reference has "
+        f"{_fmt(want[where])}",
     )
 
 
@@ -278,7 +280,7 @@ def _rows_sum_to_one(ex, what: str, fully_masked=None):
             )
         if (arr < 0).any():
             i = tuple(np.argwhere(arr < 0)[0])
-            raise _fail(ex, f"{what} has a negative entry {_fmt(arr[i])} at {_idx(i)}; "
+            raise _fail(ex, f"{what}: a negative entry {_fmt(arr[i])} at {_idx(i)}; "
                             "softmax weights are never negative")
 
     return prop
@@ -289,7 +291,7 @@ def _masked_are_zero(ex, what: str, mask):
         leak = np.argwhere(~np.broadcast_to(mask, arr.shape) & (arr != 0))
         if len(leak):
             i = tuple(leak[0])
-            raise _fail(ex, f"{what} is {_fmt(arr[i])} at {_idx(i)}, where the mask is False; "
+            raise _fail(ex, f"{what}: {_fmt(arr[i])} at {_idx(i)}, where the mask is False; "
                             "masked entries must be exactly 0 (set their scores to -inf "
                             "before the softmax)")
 
@@ -370,9 +372,14 @@ def check_matmul_loops(fn) -> None:
         b = rng.integers(-4, 5, size=(n, p)).tolist()
         want = np.asarray(naive_matmul(a, b), dtype=float)
         got = _call(ex, fn, (a, b), ("a", "b"))
+        try:
+            got = None if got is None else np.asarray(got, dtype=float)
+        except (TypeError, ValueError):
+            raise _fail(ex, f"you returned {type(got).__name__} that is not a rectangular list "
+                            "of lists of numbers") from None
         last = np.asarray(a)[:, -1:] * np.asarray(b)[-1:, :]
         _compare(
-            ex, np.asarray(got, dtype=float) if got is not None else None, want,
+            ex, got, want,
             f"your product of a {_shape((m, n))} and a {_shape((n, p))} list", "(m, p)",
             variants=[
                 ("every entry equals only the last term a[i][k]*b[k][j]: did you write `=` "
@@ -568,7 +575,8 @@ def check_softmax(fn) -> None:
                  "keepdims=True", lambda s=scores: np.exp(s - s.max()) / np.exp(s - s.max()).sum()),
             ],
             nan_message=("softmax without max subtraction: exp of a large score overflows to "
-                         "inf, and inf/inf = NaN. Subtract each row's max first"),
+                         "inf, and inf/inf = NaN. Subtract each row's max first")
+            if scores.max() > 700 else None,
             props=[_rows_sum_to_one(ex, "your softmax")],
         )
     _passed(ex, "matches mha_course.softmax on shapes (5,) and (2, 3, 5); rows sum to 1; no "
@@ -594,7 +602,7 @@ def check_softmax_temperature(fn) -> None:
                  lambda t=tau: _softmax_plain(x / t)),
             ],
             nan_message=("at a small tau the scores x / tau are huge and exp overflows: "
-                         "subtract each row's max before exp"),
+                         "subtract each row's max before exp") if tau < 0.01 else None,
             props=[_rows_sum_to_one(ex, f"your result for tau={tau}")],
         )
     _passed(ex, "matches mha_course.softmax(x / tau) for tau = 0.5, 1, 3 and 0.001 "
@@ -652,7 +660,7 @@ def check_masked_softmax(fn) -> None:
         full_rows = ~mask.any(axis=-1)
         got = _call(ex, fn, (x, mask), ("x", "mask"), hint=_keepdims_hint)
         label = "with a fully masked row" if full else "with every row partly kept"
-        row = _idx(full[0]) if full else ""
+        rows = " and ".join(_idx(r) for r in full)
         _compare(
             ex, got, want, f"your masked softmax {label}", "x.shape",
             variants=[
@@ -663,13 +671,14 @@ def check_masked_softmax(fn) -> None:
                  lambda m=mask: softmax(x, mask=~m)),
                 ("the mask had no effect: masked entries must come out exactly 0",
                  lambda: softmax(x)),
-                (f"row {row} is fully masked and comes out uniform (1/5 each): that is what "
+                (f"the fully masked rows {rows} come out uniform (1/5 each): that is what "
                  "filling with a large negative number such as -1e9 does. A row with nothing "
                  "to attend to must be all zeros", lambda m=mask: softmax(np.where(m, x, -1e9))),
             ],
-            nan_message=(f"row {row} is fully masked: its max is -inf and -inf - (-inf) = NaN. "
-                         "Shift such a row by 0 instead of its max (np.where(np.isfinite(m), "
-                         "m, 0)) and divide by 1 where the sum is 0, so the row is all zeros"),
+            nan_message=(f"rows {rows} are fully masked: their max is -inf and -inf - (-inf) = "
+                         "NaN. Shift such a row by 0 instead of its max (np.where(np.isfinite(m), "
+                         "m, 0)) and divide by 1 where the sum is 0, so the row is all zeros")
+            if full else None,
             props=[_masked_are_zero(ex, "your masked softmax", mask),
                    _rows_sum_to_one(ex, "your masked softmax", full_rows)],
         )
@@ -773,7 +782,7 @@ def check_attention(fn) -> None:
             ]
         _check_pair(ex, got, want_out, want_w, label, variants, mask=m,
                     full_rows=None if m is None else ~m.any(axis=-1),
-                    nan_message=_FULL_NAN if m is full else _OVERFLOW)
+                    nan_message=_OVERFLOW if qq is not q else _FULL_NAN if m is full else None)
     _passed(ex, "out (2, 3, 6) and weights (2, 3, 5) match "
                 "mha_course.scaled_dot_product_attention without a mask, with a mask, with a "
                 "fully masked query (zeros) and at large scores")

@@ -300,7 +300,7 @@ MISTAKES = [
      lambda x, tau: mha_course.softmax(x * tau), r"multiplied the scores by the temperature"),
     ("log-of-softmax", "check_log_softmax", _log_of_softmax, r"you computed log\(softmax\(x\)\)"),
     ("masked-softmax-nan-row", "check_masked_softmax", _masked_softmax_nan,
-     r"fully masked: its max is -inf"),
+     r"fully masked: their max is -inf"),
     ("masked-softmax-minus-1e9", "check_masked_softmax",
      lambda x, mask: mha_course.softmax(np.where(mask, x, -1e9)), r"uniform.*-1e9"),
     ("masked-softmax-inverted", "check_masked_softmax",
@@ -370,13 +370,14 @@ def test_check_names_the_likely_mistake(check, wrong, pattern, capsys):
 
 
 NAN_AND_SHAPE = [
-    ("softmax", "check_softmax", lambda x: np.full_like(x, np.nan), r"contains nan at index"),
+    ("softmax", "check_softmax", lambda x: np.full_like(x, np.nan),
+     r"softmax on scores of shape \(2, 3, 5\): nan at index"),
     ("attention", "check_attention",
      lambda q, k, v, mask=None: tuple(np.full_like(a, np.nan) for a in
                                       mha_course.scaled_dot_product_attention(q, k, v, mask)),
-     r"your weights without a mask contains nan"),
+     r"your weights without a mask: nan at index"),
     ("split_heads", "check_split_heads", lambda x, h: np.full(
-        (x.shape[0], h, x.shape[1], x.shape[2] // h), np.nan), r"contains nan"),
+        (x.shape[0], h, x.shape[1], x.shape[2] // h), np.nan), r": nan at index"),
 ]
 
 
@@ -388,15 +389,16 @@ def test_check_reports_nan_in_its_own_words(check, wrong, pattern):
 
 
 WRONG_SHAPE = [
-    ("softmax", "check_softmax", lambda x: x[..., :-1], r"has shape \(2, 3, 4\); expected"),
+    ("softmax", "check_softmax", lambda x: x[..., :-1], r"shape \(2, 3, 4\); expected"),
     ("attention-scores", "check_attention_scores", lambda q, k: q @ q.swapaxes(-1, -2),
-     r"has shape \(2, 3, 3\); expected \(B, T, S\) = \(2, 3, 5\)"),
+     r"shape \(2, 3, 3\); expected \(B, T, S\) = \(2, 3, 5\)"),
     ("attention", "check_attention",
      lambda q, k, v, mask=None: (np.zeros((2, 3, 4)),
                                  mha_course.scaled_dot_product_attention(q, k, v, mask)[1]),
-     r"your output without a mask has shape \(2, 3, 4\); expected"),
-    ("merge_heads", "check_merge_heads", lambda x: x, r"has shape \(2, 3, 4, 5\); expected"),
-    ("causal_mask", "check_causal_mask", lambda T: np.ones(T, bool), r"has shape \(4,\)"),
+     r"your output without a mask: shape \(2, 3, 4\); expected"),
+    ("merge_heads", "check_merge_heads", lambda x: x, r"shape \(2, 3, 4, 5\); expected"),
+    ("causal_mask", "check_causal_mask", lambda T: np.ones(T, bool),
+     r"shape \(4,\); expected \(T, T\)"),
 ]
 
 
@@ -405,6 +407,13 @@ WRONG_SHAPE = [
 def test_check_reports_a_wrong_shape_in_its_own_words(check, wrong, pattern):
     with pytest.raises(CheckFailed, match=pattern):
         _check(check)(wrong)
+
+
+def test_nan_from_ordinary_inputs_is_not_blamed_on_overflow():
+    with pytest.raises(CheckFailed, match=r"nan at index \(0, 0, 0\)\. Likely mistake: NaN and inf "
+                                          r"come from 0/0") as info:
+        checks.check_softmax(lambda x: np.full_like(x, np.nan))
+    assert "max subtraction" not in str(info.value)
 
 
 def test_check_does_not_leak_numpy_warnings_from_a_wrong_answer(recwarn):
@@ -419,3 +428,42 @@ def test_a_stub_of_another_exercise_keeps_its_own_number():
 
     with pytest.raises(NotImplementedError, match=r"^Exercise 03.2: write attention$"):
         checks.check_masked_self_attention(calls_an_unfinished_helper)
+
+
+# ------------------------------------------------ property checks when no known mistake matches
+
+
+def _unnormalised_attention(q, k, v, mask=None):
+    weights = np.exp(q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1]))
+    return weights @ v, weights
+
+
+def _leaky_causal_mask(T):
+    mask = mha_course.causal_mask(T)
+    mask[0, T - 1] = True
+    return mask
+
+
+def _leaky_masked_softmax(x, mask):
+    return np.where(mask, mha_course.softmax(x, mask=mask), 0.01)
+
+
+PROPERTIES = [
+    ("rows-do-not-sum-to-one", "check_attention", _unnormalised_attention,
+     r"row \(0, 0\) of your weights without a mask sums to \d+\.\d{4}, not 1: did you "
+     r"normalise over the right axis"),
+    ("causal-upper-triangle-not-zero", "check_causal_mask", _leaky_causal_mask,
+     r"True at \(query 0, key 3\): query 0 would see the future key 3"),
+    ("masked-entries-not-zero", "check_masked_softmax", _leaky_masked_softmax,
+     r"0\.0100 at \(0, 0, 1\), where the mask is False"),
+    ("matmul-ragged-result", "check_matmul_loops", lambda a, b: [[1, 2], [3]],
+     r"not a rectangular list of lists"),
+]
+
+
+@pytest.mark.parametrize(("check", "wrong", "pattern"), [m[1:] for m in PROPERTIES],
+                         ids=[m[0] for m in PROPERTIES])
+def test_check_reports_the_first_broken_property(check, wrong, pattern, capsys):
+    with pytest.raises(CheckFailed, match=pattern):
+        _check(check)(wrong)
+    assert capsys.readouterr().out == ""
