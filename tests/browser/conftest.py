@@ -294,43 +294,147 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
-@pytest.fixture
-def page(browser, lab_server, request, tmp_path):
-    """A fresh browser tab that may only talk to 127.0.0.1; saves its console log on failure."""
+@dataclass
+class Tab:
+    """A browser tab in its own context, with what it logged and what it was refused."""
+
+    context: object
+    page: object
+    console: list[str] = field(default_factory=list)
+    blocked: list[str] = field(default_factory=list)
+
+    def close(self) -> None:
+        self.context.close()
+
+
+def new_tab(browser) -> Tab:
+    """A fresh tab that may only talk to 127.0.0.1, logging its console."""
     context = browser.new_context(viewport={"width": 1400, "height": 900})
     context.set_default_timeout(30_000)
-    blocked: list[str] = []
-    console: list[str] = []
+    tab = Tab(context, None)
 
     def only_localhost(route):
         url = urllib.parse.urlsplit(route.request.url)
         if url.scheme in ("data", "blob") or url.hostname == "127.0.0.1":
             route.continue_()
         else:
-            blocked.append(route.request.url)
+            tab.blocked.append(route.request.url)
             route.abort()
 
     context.route("**/*", only_localhost)
-    tab = context.new_page()
-    tab.on("console", lambda msg: console.append(f"[{msg.type}] {msg.text}"))
-    tab.on("pageerror", lambda exc: console.append(f"[pageerror] {exc}"))
-    tab.blocked_requests = blocked
-    yield tab
+    tab.page = context.new_page()
+    tab.page.on("console", lambda msg: tab.console.append(f"[{msg.type}] {msg.text}"))
+    tab.page.on("pageerror", lambda exc: tab.console.append(f"[pageerror] {exc}"))
+    return tab
 
+
+@dataclass
+class LessonRun:
+    """A lesson opened in JupyterLab and run with Run All; its panel and kernel stay open."""
+
+    name: str
+    path: str  # relative to the server root
+    tab: Tab
+    cells: list[dict]  # labdriver.cell_report right after the run
+    screenshots: list[Path]
+    seconds: dict[str, float]  # time spent opening, waiting for the kernel, running, shooting
+
+
+@pytest.fixture(scope="session")
+def lab_tab(browser, lab_server):
+    """One tab with JupyterLab loaded (loading it takes seconds); lessons open in it in turn."""
+    from labdriver import open_lab
+
+    tab = new_tab(browser)
+    try:
+        open_lab(tab.page, lab_server)
+        yield tab
+    finally:
+        tab.close()
+
+
+@pytest.fixture(scope="session")
+def _lesson_runs(lab_tab, lab_server):
+    """Each lesson runs once per session; the explorer test reuses lesson 04's run."""
+    from labdriver import (
+        cell_report,
+        close_notebook,
+        open_notebook,
+        run_all,
+        screenshot_notebook,
+        shutdown_kernel,
+        wait_for_kernel,
+    )
+
+    page = lab_tab.page
+    runs: dict[str, LessonRun] = {}
+    broken: list[str] = []  # paths of failed runs, left open for the failure screenshot
+
+    def run(name: str, folder: Path) -> LessonRun:
+        if name in runs:
+            return runs[name]
+        path = f"notebooks/{name}"
+        seconds, clock = {}, time.monotonic()
+
+        def lap(what: str) -> None:
+            nonlocal clock
+            seconds[what], clock = round(time.monotonic() - clock, 1), time.monotonic()
+
+        try:
+            open_notebook(page, path)
+            lap("open")
+            kernel = wait_for_kernel(page, lab_server, path)
+            assert kernel == "python3", f"{name} runs on kernel {kernel!r}, not python3"
+            lap("kernel")
+            run_all(page, path)
+            cells = cell_report(page, path)
+            lap("run all")
+            shots = screenshot_notebook(page, path, folder / name.removesuffix(".ipynb"))
+            lap("screenshots")
+        except BaseException:
+            broken.append(path)
+            raise
+        runs[name] = LessonRun(name, path, lab_tab, cells, shots, seconds)
+        return runs[name]
+
+    def release(name: str) -> None:
+        """Close the lesson and stop its kernel (the two cores are shared)."""
+        lesson = runs.pop(name, None)
+        if lesson is not None:
+            close_notebook(page, lesson.path)
+            shutdown_kernel(lab_server, lesson.path)
+
+    run.release = release
+    yield run
+    for name in list(runs):
+        release(name)
+    for path in broken:
+        shutdown_kernel(lab_server, path)
+
+
+@pytest.fixture
+def run_lesson(_lesson_runs, lab_tab, lab_server, request, tmp_path):
+    """``run_lesson(name) -> LessonRun``; on failure saves the console log and a screenshot."""
+    first_line = len(lab_tab.console)
+
+    def run(name: str) -> LessonRun:
+        return _lesson_runs(name, tmp_path)
+
+    run.release = _lesson_runs.release
+    yield run
     failed = any(
         getattr(request.node, f"rep_{when}", None) is not None
         and getattr(request.node, f"rep_{when}").failed
         for when in ("setup", "call")
     )
+    if not failed:
+        return
     log = tmp_path / "browser-console.log"
-    log.write_text("\n".join(console + [f"[blocked] {u}" for u in blocked]) + "\n")
-    if failed:
+    lines = lab_tab.console[first_line:] + [f"[blocked request] {u}" for u in lab_tab.blocked]
+    log.write_text("\n".join(lines) + "\n")
+    print(f"browser console log (this test): {log}\n{log.read_text()}")
+    if not lab_tab.page.is_closed():
         shot = tmp_path / "failure.png"
-        try:
-            tab.screenshot(path=shot)
-            print(f"screenshot at failure: {shot}")
-        except Exception as exc:  # the page may be gone; the log matters more
-            print(f"no failure screenshot: {exc}")
-        print(f"browser console log: {log}\n{log.read_text()}")
-        print(f"server log: {lab_server.log}")
-    context.close()
+        lab_tab.page.screenshot(path=shot)
+        print(f"screenshot at failure: {shot}")
+    print(f"server log: {lab_server.log}")

@@ -19,14 +19,39 @@ const panel = app && Array.from(app.shell.widgets('main')).find(
 """
 
 
-def open_notebook(page, server, path: str) -> None:
-    """Open ``path`` (relative to the server root) in JupyterLab and wait for its panel."""
-    page.goto(server.lab_url(f"lab/tree/{path}"))
+def open_lab(page, server) -> None:
+    """Load JupyterLab (token in the URL) and wait until it has restored its layout."""
+    page.goto(server.lab_url("lab"))
+    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell", timeout=60_000)
+    page.evaluate("async () => { await window.jupyterapp.restored; }")
+
+
+def open_notebook(page, path: str) -> None:
+    """Open ``path`` (relative to the server root) as a notebook and wait for its panel."""
+    page.evaluate(
+        "async (path) => { await window.jupyterapp.commands.execute('docmanager:open', {path}); }",
+        path,
+    )
     page.wait_for_function(
         f"(path) => {{ {_FIND} return !!(panel && panel.context.isReady); }}",
         arg=path,
         timeout=60_000,
     )
+
+
+def close_notebook(page, path: str) -> None:
+    """Close the notebook's panel without saving (the kernel is stopped separately)."""
+    page.evaluate(
+        f"""(path) => {{ {_FIND}
+          if (panel) {{ panel.context.model.dirty = false; panel.dispose(); }}
+        }}""",
+        path,
+    )
+
+
+def panel_id(page, path: str) -> str:
+    """The DOM id of the notebook's panel, to scope locators to it."""
+    return page.evaluate(f"(path) => {{ {_FIND} return panel.id; }}", path)
 
 
 def dialog_text(page) -> str | None:
@@ -160,22 +185,55 @@ def cell_report(page, path: str) -> list[dict]:
     )
 
 
-def screenshot_notebook(page, path: str, file, max_height: int = 16_000) -> None:
-    """Screenshot the whole notebook: hide the side bar, grow the window to its height."""
-    height = page.evaluate(
+def screenshot_notebook(page, path: str, stem, max_height: int = 12_000) -> list:
+    """Screenshot the whole notebook: hide the side bar, grow the window to the notebook's height.
+
+    A notebook taller than ``max_height`` pixels is saved in parts, scrolled one window apart:
+    ``<stem>.png``, ``<stem>-2.png``, ... Returns the files.
+    """
+    scroller = f"""{_FIND}
+      const outer = panel.content.outerNode
+        || panel.content.node.querySelector('.jp-WindowedPanel-outer') || panel.content.node;
+      // The notebook pads its end so it can scroll past the last cell: measure to that cell.
+      const bottom = () => {{
+        const cells = panel.content.widgets;
+        const last = cells[cells.length - 1].node.getBoundingClientRect().bottom;
+        return Math.ceil(last - outer.getBoundingClientRect().top + outer.scrollTop + 16);
+      }};"""
+    page.evaluate(
         f"""(path) => {{ {_FIND}
           if (!app.shell.leftCollapsed) app.commands.execute('application:toggle-left-area');
-          const scroller = panel.content.node;
-          scroller.scrollTop = 0;
-          return scroller.scrollHeight + (window.innerHeight - scroller.clientHeight);
+          panel.content.deselectAll();
         }}""",
         path,
     )
     size = page.viewport_size
-    page.set_viewport_size({"width": size["width"], "height": min(int(height) + 40, max_height)})
-    page.wait_for_timeout(500)  # layout and images settle
-    page.screenshot(path=file)
-    page.set_viewport_size(size)
+    page.wait_for_timeout(200)
+    chrome, total = page.evaluate(
+        f"""(path) => {{ {scroller}
+          return [window.innerHeight - outer.clientHeight, bottom()]; }}""",
+        path,
+    )
+    window = min(total + chrome + 40, max_height)
+    page.set_viewport_size({"width": size["width"], "height": window})
+    files, top, part = [], 0, 1
+    try:
+        while True:
+            # Off-screen cells have estimated heights until drawn: measure again each time.
+            total = page.evaluate(f"(path) => {{ {scroller} return bottom(); }}", path)
+            page.evaluate(
+                f"""([path, top]) => {{ {scroller} outer.scrollTop = top; }}""", [path, top]
+            )
+            page.wait_for_timeout(400)  # layout, images and widgets settle
+            file = stem.with_name(f"{stem.name}.png" if part == 1 else f"{stem.name}-{part}.png")
+            page.screenshot(path=file)
+            files.append(file)
+            if top + window - chrome >= total or part >= 10:
+                return files
+            top += window - chrome
+            part += 1
+    finally:
+        page.set_viewport_size(size)
 
 
 def shutdown_kernel(server, path: str) -> None:

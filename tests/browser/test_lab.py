@@ -11,14 +11,7 @@ import re
 
 import pytest
 from conftest import RAISES_MARK, lessons
-from labdriver import (
-    cell_report,
-    open_notebook,
-    run_all,
-    screenshot_notebook,
-    shutdown_kernel,
-    wait_for_kernel,
-)
+from labdriver import panel_id
 
 import mha_course
 
@@ -27,28 +20,18 @@ pytestmark = pytest.mark.browser
 TIMEOUT_MS = 30_000  # expect() waits 5 s by default; a redraw after a kernel round trip may not
 
 
-def _run_lesson(page, server, name: str) -> list[dict]:
-    path = f"notebooks/{name}"
-    open_notebook(page, server, path)
-    assert wait_for_kernel(page, server, path) == "python3"
-    run_all(page, path)
-    return cell_report(page, path)
-
-
 @pytest.mark.parametrize("lesson", [p.name for p in lessons()])
-def test_lesson_runs_all_cells_in_jupyterlab_without_errors(page, lab_server, lesson, tmp_path):
-    path = f"notebooks/{lesson}"
-    try:
-        cells = _run_lesson(page, lab_server, lesson)
-        shot = tmp_path / f"{lesson.removesuffix('.ipynb')}.png"
-        screenshot_notebook(page, path, shot)
-        print(f"\nscreenshot of {lesson}: {shot}")
-    finally:
-        shutdown_kernel(lab_server, path)
-    if page.blocked_requests:
-        print(f"blocked requests (not 127.0.0.1): {page.blocked_requests}")
+def test_lesson_runs_all_cells_in_jupyterlab_without_errors(run_lesson, lesson):
+    run = run_lesson(lesson)
+    print(f"\n{lesson}: seconds {run.seconds}")
+    for shot in run.screenshots:
+        print(f"screenshot of {lesson} after Run All: {shot}")
+    if run.tab.blocked:
+        print(f"blocked requests (not to 127.0.0.1): {run.tab.blocked}")
+    if not lesson.startswith("04_"):  # lesson 04 stays open for the explorer test
+        run_lesson.release(lesson)
 
-    ran = [c for c in cells if c["source"].strip()]
+    ran = [c for c in run.cells if c["source"].strip()]
     # A fresh kernel numbers the cells 1..N: every cell ran, in order, after the deliberate error.
     assert [c["count"] for c in ran] == list(range(1, len(ran) + 1)), [
         (c["index"], c["prompt"]) for c in ran
@@ -114,16 +97,17 @@ def _lesson_04() -> str:
     return found[0]
 
 
-def test_explorer_redraws_when_h_and_d_k_change(page, lab_server, tmp_path):
+def test_explorer_redraws_when_h_and_d_k_change(run_lesson, tmp_path):
     from playwright.sync_api import expect
 
     lesson = _lesson_04()
-    path = f"notebooks/{lesson}"
+    run = run_lesson(lesson)
+    page = run.tab.page
     try:
-        _run_lesson(page, lab_server, lesson)
+        notebook = page.locator(f'[id="{panel_id(page, run.path)}"]')
         h_label = re.compile(r"^\s*h\s*$")
         explorer = (
-            page.locator(".widget-vbox")
+            notebook.locator(".widget-vbox")
             .filter(has=page.locator(".widget-label", has_text=h_label))
             .filter(has=page.locator(".widget-checkbox"))
             .last
@@ -185,4 +169,4 @@ def test_explorer_redraws_when_h_and_d_k_change(page, lab_server, tmp_path):
         explorer.screenshot(path=shot)
         print(f"screenshot of the explorer at h={h2}, d_k={d_k2}: {shot}")
     finally:
-        shutdown_kernel(lab_server, path)
+        run_lesson.release(lesson)
