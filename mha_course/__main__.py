@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from . import exercises as ex
@@ -42,6 +43,8 @@ def _parser() -> argparse.ArgumentParser:
                           "results.csv, only if it does not exist)")
     chk.add_argument("--force", action="store_true", help="overwrite the CSV file")
     chk.add_argument("--solutions", type=Path, help="solution notebooks (default: solutions/)")
+    chk.add_argument("--jobs", type=int, default=1, metavar="N",
+                     help="check N notebooks at a time (default 1)")
 
     asg = sub.add_parser("assign", help="bundle chosen exercises into one notebook")
     asg.add_argument("ids", nargs="+", metavar="ID", help='exercise ids, e.g. 01.1 03.2 04.4')
@@ -77,6 +80,8 @@ def _check(args) -> int:
     if importlib.util.find_spec("nbval") is None:
         raise ex.ExerciseError("nbval is not installed: run `pip install -e '.[test]'` "
                                "(or `make check EX=NN`, which does it)")
+    if args.jobs < 1:
+        raise ex.ExerciseError("--jobs must be at least 1")
     if args.timeout <= 0:
         raise ex.ExerciseError("--timeout must be a positive number of seconds")
     solutions = _solutions(args.solutions)
@@ -91,14 +96,22 @@ def _check(args) -> int:
     elif csv_path is not None and csv_path.exists() and not args.force:
         raise ex.ExerciseError(f"{csv_path} already exists; use --force to overwrite it")
 
-    if not folder_mode:  # one report per notebook; a bad file stops with exit code 2
+    if not folder_mode:  # one report per notebook; a bad file gives exit code 2
         code = 0
         rows = {}
-        for path in args.paths:
-            result = ex.check_notebook(path, solutions, args.timeout)
-            print(ex.format_result(result, args.timeout), flush=True)
-            code = max(code, 0 if result.all_passed else 1)
-            rows[path.stem] = {v.exercise: v.status for v in result.verdicts}
+        with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            futures = [(p, pool.submit(ex.check_notebook, p, solutions, args.timeout))
+                       for p in args.paths]
+            for path, future in futures:
+                try:
+                    result = future.result()
+                except ex.ExerciseError as exc:
+                    print(f"error: {exc}", file=sys.stderr, flush=True)
+                    code = 2
+                    continue
+                print(ex.format_result(result, args.timeout), flush=True)
+                code = max(code, 0 if result.all_passed else 1)
+                rows[path.stem] = {v.exercise: v.status for v in result.verdicts}
         if csv_path is not None:
             _write_csv(csv_path, rows)
         return code
@@ -106,27 +119,36 @@ def _check(args) -> int:
     submissions = ex.collect_submissions(args.paths)
     if not submissions:
         raise ex.ExerciseError("no submissions found (no .ipynb files or sub-folders)")
+    def check_one(path):
+        try:
+            return ex.check_notebook(path, solutions, args.timeout)
+        except ex.ExerciseError as exc:
+            return exc
+
     rows: dict[str, dict[str, str]] = {}
     code = 0
-    for name, notebooks in submissions:
-        statuses: dict[str, str] = {}
-        print(f"== {name}", flush=True)
-        if not notebooks:
-            print("  ERROR: no notebooks in this submission")
-            code = 1
-        for path in notebooks:
-            try:
-                result = ex.check_notebook(path, solutions, args.timeout)
-            except ex.ExerciseError as exc:
-                print(f"  ERROR: {exc}", flush=True)
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = [(name, [(p, pool.submit(check_one, p)) for p in notebooks])
+                   for name, notebooks in submissions]
+        for name, checks in futures:  # print in submission order as the results come in
+            statuses: dict[str, str] = {}
+            print(f"== {name}", flush=True)
+            if not checks:
+                print("  ERROR: no notebooks in this submission")
                 code = 1
-                continue
-            print("  " + ex.format_result(result, args.timeout).replace("\n", "\n  "), flush=True)
-            if not result.all_passed:
-                code = 1
-            for v in result.verdicts:
-                statuses[v.exercise] = v.status
-        rows[name] = statuses or {"": "error"}
+            for _, future in checks:
+                result = future.result()
+                if isinstance(result, ex.ExerciseError):
+                    print(f"  ERROR: {result}", flush=True)
+                    code = 1
+                    continue
+                report = ex.format_result(result, args.timeout)
+                print("  " + report.replace("\n", "\n  "), flush=True)
+                if not result.all_passed:
+                    code = 1
+                for v in result.verdicts:
+                    statuses[v.exercise] = v.status
+            rows[name] = statuses or {"": "error"}
     print()
     exercises = ex.sort_ids(x for s in rows.values() for x in s if x)
     for name in rows:

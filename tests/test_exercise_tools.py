@@ -1,0 +1,264 @@
+"""The exercise tools: generate (solutions -> exercises), check (the learner's verdict), assign.
+
+Most tests use the two tiny fixture solution notebooks in tests/data/solutions (lessons 97 and
+98, with their check code inline), so they test the tools and not the course's checks. The
+tests at the end run the same tools on the real solutions/ and exercises/.
+
+Each `check` spawns a kernel, so the tests share runs through module-scoped fixtures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import csv
+import io
+import os
+import re
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from mha_course import exercises as ex
+from mha_course.__main__ import main
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "data" / "solutions"
+SOLUTIONS = ROOT / "solutions"
+EXERCISES = ROOT / "exercises"
+ANSI = re.compile(r"\x1b\[")
+
+
+def run_cli(*args, cwd=None):
+    """Run ``python -m mha_course ARGS`` in this process; return (exit code, stdout + stderr)."""
+    buf = io.StringIO()
+    old = Path.cwd()
+    os.chdir(cwd or ROOT)
+    try:
+        with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+            code = main([str(a) for a in args])
+    finally:
+        os.chdir(old)
+    return code, buf.getvalue()
+
+
+def learner_copy(exercise_nb: Path, target: Path, answers: dict, outputs_from: Path | None = None):
+    """Write a learner's notebook: the exercise notebook with ``answers`` (id -> source) typed in,
+    a scratch cell of their own, and (optionally) every output saved from ``outputs_from``."""
+    nb = nbformat.read(exercise_nb, as_version=4)
+    saved = nbformat.read(outputs_from, as_version=4) if outputs_from else None
+    for index, cell in enumerate(nb.cells):
+        meta = ex.info(cell)
+        if meta.get("role") == "solution" and meta["exercise"] in answers:
+            cell.source = answers[meta["exercise"]]
+        if saved is not None and cell.cell_type == "code":
+            cell.outputs = copy.deepcopy(saved.cells[index].outputs)
+            cell.execution_count = saved.cells[index].execution_count
+    nb.cells.append(nbformat.v4.new_code_cell("print('my scratch work')\nraise ValueError('oops')"))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, target)
+    return target
+
+
+@pytest.fixture(scope="module")
+def fixture_exercises(tmp_path_factory):
+    out = tmp_path_factory.mktemp("exercises")
+    ex.generate(FIXTURES, out)
+    return out
+
+
+# ---------------------------------------------------------------------------------- generate
+
+
+def test_generate_twice_gives_identical_bytes_and_stubs_every_solution(tmp_path):
+    ex.generate(FIXTURES, tmp_path / "a")
+    ex.generate(FIXTURES, tmp_path / "b")
+    names = sorted(p.name for p in (tmp_path / "a").iterdir())
+    assert names == ["97_fixture.ipynb", "98_fixture.ipynb"]
+    for name in names:
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+    nb = nbformat.read(tmp_path / "a" / "98_fixture.ipynb", as_version=4)
+    sol = nbformat.read(FIXTURES / "98_fixture.ipynb", as_version=4)
+    assert [c.id for c in nb.cells] == [c.id for c in sol.cells]
+    solution_cells = [c for c in nb.cells if ex.info(c).get("role") == "solution"]
+    assert [c.source for c in solution_cells] == [
+        'def double(x):\n    """x -> 2 * x."""\n'
+        '    raise NotImplementedError("Exercise 98.1: return twice x")',
+        'raise NotImplementedError("Exercise 98.2: set answer to 6 * 7 (the \\"answer\\")")',
+    ]
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(c.outputs == [] and c.execution_count is None for c in code)
+    assert "BEGIN SOLUTION" not in (tmp_path / "a" / "98_fixture.ipynb").read_text()
+
+
+BAD_SOURCES = {
+    "no markers": ("return 2 * x", {"task": "t"}, "no '### BEGIN SOLUTION'"),
+    "no task": ("### BEGIN SOLUTION\nx = 1\n### END SOLUTION", {}, 'no "task"'),
+    "unbalanced": ("### BEGIN SOLUTION\nx = 1\n", {"task": "t"}, "unbalanced markers"),
+    "reversed": ("### END SOLUTION\nx = 1\n### BEGIN SOLUTION", {"task": "t"}, "comes before"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_SOURCES))
+def test_generate_refuses_a_bad_solution_cell_and_writes_nothing(tmp_path, case):
+    source, extra, expected = BAD_SOURCES[case]
+    nb = nbformat.read(FIXTURES / "98_fixture.ipynb", as_version=4)
+    cell = next(c for c in nb.cells if ex.info(c).get("role") == "solution")
+    cell.source = source
+    cell.metadata["mha_course"] = {"exercise": "98.1", "role": "solution", **extra}
+    (tmp_path / "sol").mkdir()
+    nbformat.write(nb, tmp_path / "sol" / "98_fixture.ipynb")
+    shutil.copy(FIXTURES / "97_fixture.ipynb", tmp_path / "sol")
+    code, out = run_cli("generate", "--solutions", tmp_path / "sol", "--out", tmp_path / "out")
+    assert code == 2
+    assert expected in out and "98_fixture.ipynb: cell 3 (exercise 98.1)" in out
+    assert not (tmp_path / "out").exists()
+
+
+def test_stale_exercises_are_detected_with_the_fix_in_the_message(tmp_path):
+    ex.generate(FIXTURES, tmp_path)
+    assert ex.find_stale(FIXTURES, tmp_path) == []
+    path = tmp_path / "98_fixture.ipynb"
+    path.write_text(path.read_text().replace("return twice x", "return 2x"))
+    assert ex.find_stale(FIXTURES, tmp_path) == [f"{path} differs from its solution"]
+    code, out = run_cli("generate", "--verify", "--solutions", FIXTURES, "--out", tmp_path)
+    assert code == 1 and "run `make exercises`" in out
+
+
+# ------------------------------------------------------------------------------------- check
+
+GOOD = {"98.1": "def double(x):\n    return x * 2", "98.2": "answer = 6 * 7\nprint('debug')"}
+WRONG = {"98.1": "def double(x):\n    print('debug')\n    return x + x + 1", "98.2": "answer = 42"}
+HANG = {"98.1": "def double(x):\n    while True:\n        pass", "98.2": "answer = 42"}
+CRASH = {"98.1": "import os\nos._exit(1)", "98.2": "answer = 42"}
+
+
+def test_stubs_are_not_attempted_and_solutions_pass(fixture_exercises):
+    code, out = run_cli("check", fixture_exercises / "98_fixture.ipynb",
+                        FIXTURES / "98_fixture.ipynb", "--jobs", 2, "--solutions", FIXTURES)
+    assert code == 1  # not attempted is not a pass
+    stub_report, solution_report = out.split(f"\n{FIXTURES}")
+    assert stub_report.count("not attempted") == 3  # two verdicts and the summary
+    assert "Exercise 98.1  passed" in solution_report and "2 of 2 passed." in solution_report
+
+
+def test_broken_foreign_and_missing_notebooks_get_one_clear_line(tmp_path):
+    broken = tmp_path / "broken.ipynb"
+    broken.write_text('{"cells": [')
+    foreign = tmp_path / "foreign.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1")]), foreign)
+    cases = {
+        broken: "not a notebook: the file is not valid JSON",
+        foreign: "not a course exercise notebook",
+        tmp_path / "missing.ipynb": "no such file",
+    }
+    for path, expected in cases.items():
+        code, out = run_cli("check", path, "--solutions", FIXTURES)
+        assert code == 2, out
+        assert out.strip() == f"error: {path}: {expected}" or (
+            out.startswith(f"error: {path}: {expected}") and out.count("\n") == 1
+        ), out
+
+
+def test_folder_of_submissions_gives_a_table_and_csv_despite_hang_and_crash(fixture_exercises,
+                                                                            tmp_path):
+    subs = tmp_path / "submissions"
+    exercise_nb = fixture_exercises / "98_fixture.ipynb"
+    learner_copy(exercise_nb, subs / "ada.ipynb", GOOD)
+    # bob saved his wrong answer with the solution's own outputs: they must not count.
+    bob = learner_copy(exercise_nb, subs / "bob" / "98_fixture.ipynb", WRONG,
+                       outputs_from=FIXTURES / "98_fixture.ipynb")
+    before, mtime = bob.read_bytes(), bob.stat().st_mtime_ns
+    learner_copy(exercise_nb, subs / "cy.ipynb", HANG)
+    learner_copy(exercise_nb, subs / "dee.ipynb", CRASH)
+    (subs / "notes.txt").write_text("not a submission")
+    code, out = run_cli("check", subs, "--timeout", 5, "--jobs", 2, "--solutions", FIXTURES,
+                        cwd=tmp_path)
+    assert code == 1
+    assert "    Exercise 98.1  FAILED: double(3) returned 7, not 6.\n" in out
+    assert "Did you add instead of multiply?" in out
+    assert bob.read_bytes() == before and bob.stat().st_mtime_ns == mtime
+    assert "Exercise 98.1  TIMED OUT after 5 s in the check cell `check_double(double)`" in out
+    assert "Exercise 98.1  CRASHED: the kernel died while running your solution cell" in out
+    table = out[out.index("submission  "):]
+    rows = [line.split() for line in table.splitlines()[2:6]]
+    assert rows == [
+        ["ada", "pass", "pass", "2/2"],
+        ["bob", "FAIL", "pass", "1/2"],
+        ["cy", "TIMEOUT", "pass", "1/2"],
+        ["dee", "CRASH", "pass", "1/2"],
+    ]
+    with open(tmp_path / "results.csv", newline="") as f:
+        assert list(csv.reader(f)) == [
+            ["submission", "98.1", "98.2", "passed"],
+            ["ada", "passed", "passed", "2"],
+            ["bob", "failed", "passed", "1"],
+            ["cy", "timed out", "passed", "1"],
+            ["dee", "crashed", "passed", "1"],
+        ]
+    assert not ANSI.search(out)
+    # An existing CSV is never overwritten without --force.
+    code, out = run_cli("check", subs / "ada.ipynb", "--csv", tmp_path / "results.csv",
+                        "--solutions", FIXTURES, cwd=tmp_path)
+    assert code == 2 and "already exists; use --force" in out
+
+
+# ------------------------------------------------------------------------------------ assign
+
+
+def test_assign_bundles_chosen_exercises_refuses_overwrite_and_checks(tmp_path):
+    out = tmp_path / "hw.ipynb"
+    code, text = run_cli("assign", "98.2", "97.1", "-o", out, "--solutions", FIXTURES)
+    assert code == 0, text
+    nb = nbformat.read(out, as_version=4)
+    assert nb.metadata["mha_course"] == {"assignment": ["97.1", "98.2"]}
+    roles = [(ex.info(c).get("exercise"), ex.info(c).get("role")) for c in nb.cells[1:]]
+    assert roles == [
+        (None, "setup"), ("97.1", "task"), ("97.1", "solution"), ("97.1", "check"),
+        (None, "setup"), ("98.2", "task"), ("98.2", "solution"), ("98.2", "check"),
+    ]
+    code_cells = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(c.outputs == [] and c.execution_count is None for c in code_cells)
+    assert "BEGIN SOLUTION" not in out.read_text()
+
+    before = out.read_bytes()
+    code, text = run_cli("assign", "98.1", "-o", out, "--solutions", FIXTURES)
+    assert code == 2 and "already exists; use --force" in text and out.read_bytes() == before
+    code, text = run_cli("assign", "98.9", "-o", tmp_path / "x.ipynb", "--solutions", FIXTURES)
+    assert code == 2 and "unknown exercise '98.9'; known exercises: 97.1 98.1 98.2" in text
+
+    answers = {"97.1": "def square(x):\n    return x**2"}
+    done = learner_copy(out, tmp_path / "hw_done.ipynb", answers)
+    code, text = run_cli("check", done, "--solutions", FIXTURES)
+    assert code == 1, text
+    assert "Exercise 97.1  passed" in text and "Exercise 98.2  not attempted" in text
+
+
+# ------------------------------------------------------- the real solutions/ and exercises/
+
+
+def test_committed_exercises_are_up_to_date_with_the_solutions():
+    stale = ex.find_stale(SOLUTIONS, EXERCISES)
+    assert not stale, "exercises/ is stale: run `make exercises`\n" + "\n".join(stale)
+
+
+def _check_all(paths):
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return list(pool.map(lambda p: ex.check_notebook(p, SOLUTIONS), paths))
+
+
+def test_every_real_stub_is_not_attempted_and_every_real_solution_passes():
+    solutions = ex.solution_paths(SOLUTIONS)
+    assert solutions, "no solution notebooks in solutions/"
+    exercises = [EXERCISES / p.name for p in solutions]
+    results = _check_all(exercises + solutions)
+    for result in results[: len(exercises)]:
+        assert result.verdicts and not result.error, ex.format_result(result, ex.DEFAULT_TIMEOUT)
+        assert {v.status for v in result.verdicts} == {"not attempted"}, ex.format_result(
+            result, ex.DEFAULT_TIMEOUT)
+    for result in results[len(exercises):]:
+        assert result.verdicts and result.all_passed, ex.format_result(result, ex.DEFAULT_TIMEOUT)
+    assert len({v.exercise for r in results for v in r.verdicts}) >= 4 * len(solutions)
