@@ -672,6 +672,8 @@ def _failure_message(exercise: str, record: dict, role: _CellRole) -> str:
     prefix = f"Exercise {exercise}: "
     if error:
         ename, evalue = error["ename"], _clean(error["evalue"])
+        # IPython compiles each cell under a numbered file name: say "line 3 of the cell" instead
+        evalue = re.sub(r"\(\d+\.py, line (\d+)\)", r"(line \1 of the cell)", evalue)
         if evalue.startswith(prefix):  # a check's own message says it all
             return "\n".join(_trim(evalue[len(prefix):].split("\n")))
         lines = [f"{ename}: {evalue}".rstrip() + f"  (raised in {role.label})"]
