@@ -290,7 +290,8 @@ def figure_png(fig, dpi=WIDGET_DPI) -> bytes:
     ``plt.close`` needed, and no ``fig.clear()``, which would cost as much as drawing it).
     """
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
+    # Light compression: the PNG is a little larger, and encoding it several times faster.
+    fig.savefig(buf, format="png", dpi=dpi, pil_kwargs={"compress_level": 1})
     return buf.getvalue()
 
 
