@@ -10,10 +10,12 @@ Layout: the fused projection ``W_q`` of shape (d_model, h*d_k) holds head ``i`` 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ._checks import as_float_array, check_mask, check_positive_int, check_shape, fail
-from .attention import scaled_dot_product_attention
+from .attention import _exp_is_safe, _weights_from_scores
 
 
 def split_heads(x, h: int) -> np.ndarray:
@@ -308,17 +310,38 @@ class MultiHeadAttention:
             # (..., T, S) -> (..., 1, T, S): the same mask for every head
             m = m.reshape((1,) * (2 - m.ndim) + m.shape)[..., None, :, :]
 
+        # Each head computes scaled_dot_product_attention(q_i, k_i, v_i, mask); the steps are
+        # written out here (with its private helpers) only to order them for memory: peak memory
+        # is the (..., h, T, S) weights plus two (..., T, h*d) arrays, not four or five.
         dtype = np.result_type(x, context)
+        h, d_k, d_v = self.h, self.d_k, self.d_v
         q = self._project(x, self.W_q, self.b_q, dtype)  # (..., T, h*d_k)
+        # Memory: scale our own q in place (no temporary copy); a python float keeps the dtype.
+        q *= 1.0 / math.sqrt(d_k)
         k = self._project(context, self.W_k, self.b_k, dtype)  # (..., S, h*d_k)
+        q_heads, k_heads = split_heads(q, h), split_heads(k, h)  # (..., h, T|S, d_k), views
+        shift = not _exp_is_safe(q_heads, k_heads, dtype)  # before the big buffer exists
+        # (..., h, T, d_k) @ (..., h, d_k, S) -> (..., h, T, S); BLAS reads the strided views
+        # directly (measured: no slower than contiguous copies, which would cost memory).
+        scores = q_heads @ np.swapaxes(k_heads, -1, -2)
+        del k, k_heads  # memory: k is not needed once the scores exist
+        weights = _weights_from_scores(scores, m, shift)  # in place: scores become weights
+        # Memory: v is projected only now, after k is freed, so q, k and v never coexist with
+        # the (..., h, T, S) buffer.
         v = self._project(context, self.W_v, self.b_v, dtype)  # (..., S, h*d_v)
-        heads, weights = scaled_dot_product_attention(
-            split_heads(q, self.h),  # (..., h, T, d_k)
-            split_heads(k, self.h),  # (..., h, S, d_k)
-            split_heads(v, self.h),  # (..., h, S, d_v)
-            m,
-        )  # heads (..., h, T, d_v), weights (..., h, T, S)
-        out = self._project(merge_heads(heads), self.W_o, self.b_o, dtype)  # (..., T, d_model)
+        # The heads are written straight into merge_heads layout (..., T, h*d_v) through a
+        # split_heads view, which saves merge_heads' copy; q's buffer is reused when it has the
+        # right shape (d_v == d_k and no batch broadcasting between x and context).
+        batch = weights.shape[:-3]
+        if q.shape[:-2] == batch and d_v == d_k:
+            concat = q
+        else:
+            concat = np.empty((*batch, T, h * d_v), dtype=dtype)
+        del q, q_heads
+        # (..., h, T, S) @ (..., h, S, d_v) -> (..., h, T, d_v), stored as (..., T, h*d_v)
+        np.matmul(weights, split_heads(v, h), out=split_heads(concat, h))
+        del v
+        out = self._project(concat, self.W_o, self.b_o, dtype)  # (..., T, d_model)
         return out, weights
 
     __call__ = forward

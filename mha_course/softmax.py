@@ -64,17 +64,21 @@ def softmax(x, axis: int = -1, mask=None) -> np.ndarray:
     return _softmax_inplace(out, axis, masked=m is not None)
 
 
-def _softmax_inplace(s: np.ndarray, axis: int = -1, masked: bool = True) -> np.ndarray:
+def _softmax_inplace(
+    s: np.ndarray, axis: int = -1, masked: bool = True, shift: bool = True
+) -> np.ndarray:
     """Softmax of ``s`` along ``axis``, overwriting ``s`` (masked entries already ``-inf``).
 
     The attention functions call this on their score buffer so that peak memory stays near one
-    (..., T, S) array.
+    (..., T, S) array. ``shift=False`` skips the max subtraction; the caller must have proved
+    that ``exp`` cannot overflow or underflow on ``s`` (see ``attention._exp_is_safe``).
     """
-    row_max = s.max(axis=axis, keepdims=True)
-    if masked:
-        # A fully masked slice has max -inf; shifting by 0 instead leaves exp(-inf) = 0, no NaN.
-        row_max[~np.isfinite(row_max)] = 0
-    s -= row_max
+    if shift:
+        row_max = s.max(axis=axis, keepdims=True)
+        if masked:
+            # A fully masked slice has max -inf; shifting by 0 leaves exp(-inf) = 0, no NaN.
+            row_max[~np.isfinite(row_max)] = 0
+        s -= row_max
     np.exp(s, out=s)
     total = s.sum(axis=axis, keepdims=True)
     if masked:
