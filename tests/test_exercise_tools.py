@@ -245,20 +245,22 @@ def test_committed_exercises_are_up_to_date_with_the_solutions():
     assert not stale, "exercises/ is stale: run `make exercises`\n" + "\n".join(stale)
 
 
-def _check_all(paths):
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return list(pool.map(lambda p: ex.check_notebook(p, SOLUTIONS), paths))
-
-
-def test_every_real_stub_is_not_attempted_and_every_real_solution_passes():
+def test_every_real_stub_is_not_attempted_and_every_real_solution_passes(tmp_path):
+    """Checking exercises/ finds every exercise not attempted (so every check can fail); one
+    assignment of all exercises with the solutions typed in passes (so every solution passes,
+    also next to the other lessons' setup cells)."""
     solutions = ex.solution_paths(SOLUTIONS)
     assert solutions, "no solution notebooks in solutions/"
-    exercises = [EXERCISES / p.name for p in solutions]
-    results = _check_all(exercises + solutions)
-    for result in results[: len(exercises)]:
-        assert result.verdicts and not result.error, ex.format_result(result, ex.DEFAULT_TIMEOUT)
-        assert {v.status for v in result.verdicts} == {"not attempted"}, ex.format_result(
-            result, ex.DEFAULT_TIMEOUT)
-    for result in results[len(exercises):]:
-        assert result.verdicts and result.all_passed, ex.format_result(result, ex.DEFAULT_TIMEOUT)
-    assert len({v.exercise for r in results for v in r.verdicts}) >= 4 * len(solutions)
+    all_ids = ex.exercise_ids(ex.load_solutions(SOLUTIONS))
+    assert len(all_ids) >= 4 * len(solutions)
+    answered = tmp_path / "all_solutions.ipynb"
+    answered.write_text(ex.notebook_text(ex.build_bundle(all_ids, SOLUTIONS, stub=False)))
+    paths = [EXERCISES / p.name for p in solutions] + [answered]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(lambda p: ex.check_notebook(p, SOLUTIONS), paths))
+    reports = "\n".join(ex.format_result(r, ex.DEFAULT_TIMEOUT) for r in results)
+    stub_verdicts = [v for r in results[:-1] for v in r.verdicts]
+    assert sorted(v.exercise for v in stub_verdicts) == all_ids, reports
+    assert {v.status for v in stub_verdicts} == {"not attempted"}, reports
+    assert [v.exercise for v in results[-1].verdicts] == all_ids, reports
+    assert results[-1].all_passed, reports
