@@ -32,6 +32,8 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--out", type=Path, help="where to write (default: exercises/)")
     gen.add_argument("--verify", action="store_true",
                      help="write nothing; exit 1 if the exercise notebooks are stale")
+    gen.add_argument("--force", action="store_true",
+                     help="overwrite exercise notebooks even if they hold a learner's work")
 
     chk = sub.add_parser("check", help="check exercise notebooks, or folders of submissions")
     chk.add_argument("paths", nargs="+", type=Path, metavar="PATH",
@@ -71,7 +73,7 @@ def _generate(args) -> int:
             return 1
         print(f"{out}: up to date with {solutions}")
         return 0
-    for path, changed in ex.generate(solutions, out):
+    for path, changed in ex.generate(solutions, out, force=args.force):
         print(f"{'wrote' if changed else 'unchanged'} {path}")
     return 0
 

@@ -252,16 +252,46 @@ def render_exercises(solutions_dir: str | Path) -> dict[str, str]:
     return rendered
 
 
-def generate(solutions_dir: str | Path, out_dir: str | Path) -> list[tuple[Path, bool]]:
+def learner_work(path: Path) -> str:
+    """Why ``path`` looks like a learner's work rather than a generated file ("" if it does not).
+
+    A generated exercise notebook has no outputs and every solution cell still holds its stub.
+    """
+    try:
+        nb = read_notebook(path)
+    except ExerciseError:
+        return ""
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        if cell.get("outputs") or cell.get("execution_count") is not None:
+            return "it has outputs"
+        if info(cell).get("role") == "solution" and "raise NotImplementedError(" not in cell.source:
+            return f"exercise {info(cell).get('exercise')} has been answered"
+    return ""
+
+
+def generate(
+    solutions_dir: str | Path, out_dir: str | Path, force: bool = False
+) -> list[tuple[Path, bool]]:
     """Write one exercise notebook per solution notebook into ``out_dir``.
 
     Every solution notebook is validated before anything is written, so a bad one writes
-    nothing. Files whose bytes would not change are left alone. Returns ``(path, changed)``.
+    nothing. Files whose bytes would not change are left alone; a file holding a learner's work
+    (see :func:`learner_work`) is only overwritten with ``force``. Returns ``(path, changed)``.
     """
     rendered = render_exercises(solutions_dir)
     if not rendered:
         raise ExerciseError(f"{solutions_dir}: no solution notebooks (NN_*.ipynb)")
     out_dir = Path(out_dir)
+    if not force:
+        for name in rendered:
+            why = learner_work(out_dir / name) if (out_dir / name).exists() else ""
+            if why:
+                raise ExerciseError(
+                    f"{out_dir / name} looks like your work ({why}); nothing was written. "
+                    "Save it elsewhere, or use --force to overwrite it"
+                )
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for name, text in rendered.items():

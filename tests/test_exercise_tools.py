@@ -63,6 +63,12 @@ def learner_copy(exercise_nb: Path, target: Path, answers: dict, outputs_from: P
     return target
 
 
+GOOD = {"98.1": "def double(x):\n    return x * 2", "98.2": "answer = 6 * 7\nprint('debug')"}
+WRONG = {"98.1": "def double(x):\n    print('debug')\n    return x + x + 1", "98.2": "answer = 42"}
+HANG = {"98.1": "def double(x):\n    while True:\n        pass", "98.2": "answer = 42"}
+CRASH = {"98.1": "import os\nos._exit(1)", "98.2": "answer = 42"}
+
+
 @pytest.fixture(scope="module")
 def fixture_exercises(tmp_path_factory):
     out = tmp_path_factory.mktemp("exercises")
@@ -128,12 +134,19 @@ def test_stale_exercises_are_detected_with_the_fix_in_the_message(tmp_path):
     assert code == 1 and "run `make exercises`" in out
 
 
+def test_generate_does_not_overwrite_a_learners_work_without_force(tmp_path):
+    ex.generate(FIXTURES, tmp_path)
+    path = learner_copy(tmp_path / "98_fixture.ipynb", tmp_path / "98_fixture.ipynb", GOOD)
+    before = path.read_bytes()
+    code, out = run_cli("generate", "--solutions", FIXTURES, "--out", tmp_path)
+    assert code == 2 and "looks like your work (exercise 98.1 has been answered)" in out
+    assert path.read_bytes() == before
+    code, out = run_cli("generate", "--force", "--solutions", FIXTURES, "--out", tmp_path)
+    assert code == 0 and ex.find_stale(FIXTURES, tmp_path) == []
+
+
 # ------------------------------------------------------------------------------------- check
 
-GOOD = {"98.1": "def double(x):\n    return x * 2", "98.2": "answer = 6 * 7\nprint('debug')"}
-WRONG = {"98.1": "def double(x):\n    print('debug')\n    return x + x + 1", "98.2": "answer = 42"}
-HANG = {"98.1": "def double(x):\n    while True:\n        pass", "98.2": "answer = 42"}
-CRASH = {"98.1": "import os\nos._exit(1)", "98.2": "answer = 42"}
 
 
 def test_stubs_are_not_attempted_and_solutions_pass(fixture_exercises):
