@@ -364,6 +364,7 @@ def _lesson_runs(lab_tab, lab_server):
         screenshot_notebook,
         shutdown_kernel,
         wait_for_kernel,
+        wait_for_widgets,
     )
 
     page = lab_tab.page
@@ -387,6 +388,7 @@ def _lesson_runs(lab_tab, lab_server):
             assert kernel == "python3", f"{name} runs on kernel {kernel!r}, not python3"
             lap("kernel")
             run_all(page, path)
+            wait_for_widgets(page, path)
             cells = cell_report(page, path)
             lap("run all")
             shots = screenshot_notebook(page, path, folder / name.removesuffix(".ipynb"))

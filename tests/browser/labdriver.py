@@ -144,6 +144,34 @@ def run_all(page, path: str, timeout: float = 120.0) -> None:
     assert state == "done", f"runmenu:run-all {state}"
 
 
+def wait_for_widgets(page, path: str, timeout: float = 15.0) -> bool:
+    """Wait until every widget output is rendered as a widget; False if some are not in time."""
+    try:
+        page.wait_for_function(
+            f"""(path) => {{ {_FIND}
+              return panel.content.widgets.every(cell => {{
+                if (cell.model.type !== 'code') return true;
+                let views = 0;
+                for (let i = 0; i < cell.model.outputs.length; i++) {{
+                  const data = cell.model.outputs.get(i).toJSON().data;
+                  if (data && data['application/vnd.jupyter.widget-view+json']) views++;
+                }}
+                return views === 0 || cell.outputArea.node.querySelectorAll(
+                  '.jupyter-widgets.widget-box, .jupyter-widgets.widget-inline-hbox, '
+                  + '.jupyter-widgets.widget-output').length >= views;
+              }});
+            }}""",
+            arg=path,
+            timeout=timeout * 1000,
+            polling=250,
+        )
+    except Exception as exc:  # playwright's TimeoutError; the caller's assertion explains
+        if "Timeout" not in type(exc).__name__:
+            raise
+        return False
+    return True
+
+
 def cell_report(page, path: str) -> list[dict]:
     """Every code cell: its index, source, execution count, prompt, outputs as seen.
 
@@ -196,8 +224,8 @@ def screenshot_notebook(page, path: str, stem, max_height: int = 12_000) -> list
         || panel.content.node.querySelector('.jp-WindowedPanel-outer') || panel.content.node;
       // The notebook pads its end so it can scroll past the last cell: measure to that cell.
       const bottom = () => {{
-        const cells = panel.content.widgets;
-        const last = cells[cells.length - 1].node.getBoundingClientRect().bottom;
+        const last = Math.max(...panel.content.widgets.map(
+          c => c.node.isConnected ? c.node.getBoundingClientRect().bottom : -Infinity));
         return Math.ceil(last - outer.getBoundingClientRect().top + outer.scrollTop + 16);
       }};"""
     page.evaluate(
@@ -208,7 +236,15 @@ def screenshot_notebook(page, path: str, stem, max_height: int = 12_000) -> list
         path,
     )
     size = page.viewport_size
-    page.wait_for_timeout(200)
+    # Cells are attached to the page lazily, in idle time: wait until all are there.
+    page.wait_for_function(
+        f"""(path) => {{ {_FIND}
+          return panel.content.widgets.every(
+            c => c.node.isConnected && c.node.getBoundingClientRect().height > 0);
+        }}""",
+        arg=path,
+        timeout=15_000,
+    )
     chrome, total = page.evaluate(
         f"""(path) => {{ {scroller}
           return [window.innerHeight - outer.clientHeight, bottom()]; }}""",
