@@ -556,7 +556,11 @@ def reference_for(learner_nb, path: Path, solutions_dir: str | Path):
         )
     ref = read_notebook(matches[0])
     validate_solution_notebook(ref, matches[0])
-    return ref, str(matches[0])
+    try:
+        label = str(matches[0].resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        label = str(matches[0])
+    return ref, label
 
 
 _MARKER_RE = re.compile(r"^\s*#+\s*(NBVAL_\w+|PYTEST_VALIDATE_\w+)\s*$", re.MULTILINE)
