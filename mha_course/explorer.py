@@ -132,9 +132,9 @@ def plot_heads(weights, tokens_q=TOKENS, tokens_k=None, *, titles=None, suptitle
     norm.vmax = 1.0 if vmax is None else float(vmax)
     while len(pool) < h:  # build heatmap axes only once per figure; later calls reuse them
         ax = fig.add_axes([0, 0, 1, 1], label=f"{_HEAD_LABEL}{len(pool) + 1}")
-        img = ax.imshow(np.zeros((T, S)), cmap="viridis", norm=norm)
-        ax.set_xticks([])
-        ax.set_yticks([])
+        img = ax.imshow(np.zeros((T, S)), cmap="viridis", norm=norm, interpolation="nearest")
+        ax.xaxis.set_visible(False)  # no ticks at all; the labels are the texts below
+        ax.yaxis.set_visible(False)
         # Token labels as plain text artists, not tick labels: the tick machinery (locators,
         # tick lines, label bounding boxes) would double the redraw time of 16 panels.
         xs = [ax.text(j, -0.03, tok, transform=ax.get_xaxis_transform(), rotation=90,
