@@ -28,9 +28,20 @@ from pathlib import Path
 import nbformat
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-# Where the lessons come from (override only to debug the suite on other notebooks).
-LESSONS_DIR = Path(os.environ.get("MHA_COURSE_LESSONS_DIR", REPO / "notebooks"))
+from .labdriver import (
+    RAISES_MARK,
+    cell_report,
+    close_notebook,
+    lessons,
+    open_lab,
+    open_notebook,
+    run_all,
+    screenshot_notebook,
+    shutdown_kernel,
+    wait_for_kernel,
+    wait_for_widgets,
+)
+
 CHROMIUM = Path(os.environ.get("MHA_COURSE_CHROMIUM", "/usr/bin/chromium"))
 # Without the background-networking flags Chromium keeps calling home on a closed network.
 CHROMIUM_ARGS = [
@@ -43,13 +54,7 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-RAISES_MARK = "NBVAL_RAISES_EXCEPTION"
 SERVER_START_TIMEOUT = 60  # seconds
-
-
-def lessons() -> list[Path]:
-    """The lesson notebooks the suite runs, in course order."""
-    return sorted(LESSONS_DIR.glob("*.ipynb"))
 
 
 def _missing_browser() -> str | None:
@@ -343,8 +348,6 @@ class LessonRun:
 @pytest.fixture(scope="session")
 def lab_tab(browser, lab_server):
     """One tab with JupyterLab loaded (loading it takes seconds); lessons open in it in turn."""
-    from labdriver import open_lab
-
     tab = new_tab(browser)
     try:
         open_lab(tab.page, lab_server)
@@ -356,17 +359,6 @@ def lab_tab(browser, lab_server):
 @pytest.fixture(scope="session")
 def _lesson_runs(lab_tab, lab_server):
     """Each lesson runs once per session; the explorer test reuses lesson 04's run."""
-    from labdriver import (
-        cell_report,
-        close_notebook,
-        open_notebook,
-        run_all,
-        screenshot_notebook,
-        shutdown_kernel,
-        wait_for_kernel,
-        wait_for_widgets,
-    )
-
     page = lab_tab.page
     runs: dict[str, LessonRun] = {}
     broken: list[str] = []  # paths of failed runs, left open for the failure screenshot

@@ -9,7 +9,20 @@ is told apart from a ``stderr`` stream (both render with
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+# Where the lessons come from (override only to debug the suite on other notebooks).
+LESSONS_DIR = Path(os.environ.get("MHA_COURSE_LESSONS_DIR", REPO / "notebooks"))
+RAISES_MARK = "NBVAL_RAISES_EXCEPTION"
+
+
+def lessons() -> list[Path]:
+    """The lesson notebooks the suite runs, in course order."""
+    return sorted(LESSONS_DIR.glob("*.ipynb"))
+
 
 # Finds the open NotebookPanel for a path. Every script below starts with it.
 _FIND = """

@@ -11,10 +11,10 @@ import re
 import warnings
 
 import pytest
-from conftest import RAISES_MARK, lessons
-from labdriver import panel_id
 
 import mha_course
+
+from .labdriver import RAISES_MARK, lessons, panel_id
 
 pytestmark = pytest.mark.browser
 

@@ -1,0 +1,1 @@
+"""Browser tests: JupyterLab in Chromium (see conftest.py)."""
