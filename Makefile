@@ -53,6 +53,10 @@ exercises: $(VENV)/.installed
 check: $(VENV)/.installed-test
 	$(BIN)/python -m mha_course check $(if $(EX),exercises/$(EX)_*.ipynb,$(error pass EX=NN, e.g. make check EX=03))
 
+# make assign IDS="01.1 03.2 04.4" OUT=homework1.ipynb  (refuses to overwrite OUT)
+assign: $(VENV)/.installed
+	$(BIN)/python -m mha_course assign $(IDS) -o $(or $(OUT),$(error pass OUT=file.ipynb))
+
 bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/attention.py $(ARGS)
 
