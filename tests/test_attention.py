@@ -230,6 +230,26 @@ def test_huge_finite_scores_never_give_nan_or_inf(inputs, dtype):
     assert np.all((np.abs(row_sums - 1) < 1e-5) | (row_sums == 0))
 
 
+@pytest.mark.parametrize(
+    ("dtype", "top"),
+    # exp overflows above ~88.7 in float32 and ~709.8 in float64, and underflows to 0 below
+    # about -103 and -745: scores just past those limits, both signs.
+    [(np.float32, 100.0), (np.float32, -100.0), (np.float64, 800.0), (np.float64, -800.0)],
+)
+def test_scores_beyond_the_range_of_exp_give_exact_weights(dtype, top):
+    # d_k = 1, q = [[top]], k = [[1], [0.9]]: scores [top, 0.9·top], a gap of 0.1·|top|.
+    # weights = softmax([top, 0.9·top]) = [1, e^-g] / (1 + e^-g) with g = 0.1·top.
+    q = np.array([[top]], dtype=dtype)
+    k = np.array([[1.0], [0.9]], dtype=dtype)
+    v = np.array([[1.0, 0.0], [0.0, 1.0]], dtype=dtype)
+    out, weights = scaled_dot_product_attention(q, k, v)
+    g = 0.1 * top
+    expected = np.array([1.0, math.exp(-g)]) / (1.0 + math.exp(-g))
+    assert np.all(np.isfinite(weights)) and np.all(np.isfinite(out))
+    np.testing.assert_allclose(weights[0], expected, rtol=1e-5)
+    np.testing.assert_allclose(out[0], expected, rtol=1e-5)
+
+
 # ------------------------------------------------------------------------ dtypes, axes, copies
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_attention_keeps_the_input_float_dtype(dtype, rng):

@@ -238,6 +238,24 @@ def test_huge_finite_scores_never_give_nan_or_inf():
         np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-6)
 
 
+@pytest.mark.parametrize(("dtype", "top"), [(np.float32, 10.0), (np.float64, 28.3)])
+@pytest.mark.parametrize("sign", [1.0, -1.0], ids=["overflow", "underflow"])
+def test_scores_beyond_the_range_of_exp_give_exact_weights(dtype, top, sign):
+    # d_model = d_k = 1, all weights 1: a query a and a key b score a·b. Query [top] against
+    # keys [sign·top, 0.9·sign·top] scores sign·[top², 0.9·top²]: 100 and 90 in float32,
+    # about 801 and 721 in float64, past the range of exp (overflow, or underflow to 0 when
+    # negative). softmax: [1, e^-g] / (1 + e^-g) with g = 0.1·top², reversed when negative.
+    one = [np.ones((1, 1))]
+    layer = MultiHeadAttention.from_per_head(one, one, one, np.ones((1, 1)))
+    x = np.array([[top]], dtype=dtype)
+    context = sign * np.array([[top], [0.9 * top]], dtype=dtype)
+    out, weights = layer(x, context=context)
+    g = 0.1 * top * top
+    expected = np.array([1.0, np.exp(-g)]) / (1.0 + np.exp(-g))
+    assert np.all(np.isfinite(out)) and np.all(np.isfinite(weights))
+    np.testing.assert_allclose(weights[0, 0], expected[:: int(sign)], rtol=1e-4)
+
+
 # ------------------------------------------------------------------------------ shapes, dtypes
 def test_self_attention_uses_x_as_context(rng):
     layer = random_layer(rng, bias=True)
@@ -267,14 +285,18 @@ def test_any_leading_batch_axes_are_independent(rng):
         np.testing.assert_allclose(weights[i, j], w, rtol=1e-12, atol=1e-14)
 
 
-def test_batch_axes_of_x_and_context_broadcast(rng):
-    # One shared context (S, d_model) for a batch of x (B, T, d_model).
-    layer = random_layer(rng)
-    x, context = rng.normal(size=(B, T, D_MODEL)), rng.normal(size=(S, D_MODEL))
+@pytest.mark.parametrize("d_v", [D_K, D_V], ids=["d_v=d_k", "d_v!=d_k"])
+@pytest.mark.parametrize("batched", ["x", "context"])
+def test_batch_axes_of_x_and_context_broadcast(rng, batched, d_v):
+    # One shared context (S, d_model) for a batch of x (B, T, d_model), or the other way round.
+    layer = random_layer(rng, bias=True, d_v=d_v)
+    x = rng.normal(size=(B, T, D_MODEL) if batched == "x" else (T, D_MODEL))
+    context = rng.normal(size=(B, S, D_MODEL) if batched == "context" else (S, D_MODEL))
     out, weights = layer(x, context=context)
     assert out.shape == (B, T, D_MODEL) and weights.shape == (B, H, T, S)
     for b in range(B):
-        o, w = layer(x[b], context=context)
+        o, w = layer(x[b] if batched == "x" else x, context=context[b] if batched == "context"
+                     else context)
         np.testing.assert_allclose(out[b], o, rtol=1e-12, atol=1e-13)
         np.testing.assert_allclose(weights[b], w, rtol=1e-12, atol=1e-14)
 
