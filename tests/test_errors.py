@@ -374,3 +374,43 @@ def test_checks_survive_python_dash_O():
         [sys.executable, "-O", "-c", code], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _zeros_or_named_error(call, func, check_result):
+    """Either a result that passes ``check_result`` or a ValueError that names ``func``."""
+    try:
+        result = call()
+    except ValueError as exc:
+        assert str(exc).startswith(f"{func}: "), f"unnamed error: {exc}"
+    else:
+        check_result(result)
+
+
+def test_empty_key_axis_gives_zeros_or_a_named_error():
+    # S = 0 keys: every query has nothing to attend to, like a fully masked row (output 0),
+    # unless the package refuses it; either way no bare numpy reduction error.
+    def check(result):
+        out, weights = result
+        assert out.shape == (3, 6) and weights.shape == (3, 0) and np.all(out == 0)
+
+    _zeros_or_named_error(
+        lambda: scaled_dot_product_attention(z((3, 4)), z((0, 4)), z((0, 6))), SDPA, check
+    )
+
+    def check_layer(result):
+        out, weights = result
+        assert out.shape == (3, 8) and weights.shape == (2, 3, 0) and np.all(out == 0)
+
+    _zeros_or_named_error(lambda: LAYER(z((3, 8)), context=z((0, 8))), MHA, check_layer)
+
+
+def test_softmax_over_an_empty_axis_gives_an_empty_array_or_a_named_error():
+    def check(out):
+        assert out.shape == (3, 0)
+
+    _zeros_or_named_error(lambda: softmax(z((3, 0))), "softmax", check)
+
+
+def test_no_heads_in_from_per_head_is_a_named_error():
+    with pytest.raises(ValueError, match="^" + re.escape(f"{FPH}: ")):
+        MultiHeadAttention.from_per_head([], [], [], z((0, 4)))
