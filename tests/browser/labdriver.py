@@ -258,17 +258,21 @@ def screenshot_notebook(page, path: str, stem, max_height: int = 12_000) -> list
         arg=path,
         timeout=15_000,
     )
-    chrome, total = page.evaluate(
-        f"""(path) => {{ {scroller}
-          return [window.innerHeight - outer.clientHeight, bottom()]; }}""",
-        path,
-    )
-    window = min(total + chrome + 40, max_height)
-    page.set_viewport_size({"width": size["width"], "height": window})
-    files, top, part = [], 0, 1
+    window, files, top, part = size["height"], [], 0, 1
     try:
+        # Off-screen cells have estimated heights until drawn: grow the window until it fits.
+        for _ in range(4):
+            chrome, total = page.evaluate(
+                f"""(path) => {{ {scroller}
+                  return [window.innerHeight - outer.clientHeight, bottom()]; }}""",
+                path,
+            )
+            if total + chrome <= window or window >= max_height:
+                break
+            window = min(total + chrome + 40, max_height)
+            page.set_viewport_size({"width": size["width"], "height": window})
+            page.wait_for_timeout(300)
         while True:
-            # Off-screen cells have estimated heights until drawn: measure again each time.
             total = page.evaluate(f"(path) => {{ {scroller} return bottom(); }}", path)
             page.evaluate(
                 f"""([path, top]) => {{ {scroller} outer.scrollTop = top; }}""", [path, top]
