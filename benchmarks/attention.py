@@ -284,8 +284,9 @@ def run(sizes, dtypes) -> dict:
         layer = make_layer(dtype)
         loop = numpy_head_loop(layer)
         torch_mods = None if torch is None else (torch_module(layer, dtype), torch_sdpa(layer))
+        if dtype == dtypes[0]:
+            print("\n== columns\n" + LEGEND)
         print(f"\n== {name}: package time, and package time / other time (< 1 = package faster)")
-        print(LEGEND)
         header = (
             f"  {'n':>5} {'mask':>6} {'package':>10} {'/np-loop':>9} {'/torch(w)':>10} "
             f"{'/torch(fused)':>13} {'/F.sdpa':>8} {'GFLOP/s':>8} {'proj':>6} {'scores':>7} "
