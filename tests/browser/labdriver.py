@@ -274,6 +274,9 @@ def screenshot_notebook(page, path: str, stem, max_height: int = 12_000) -> list
             page.wait_for_timeout(300)
         while True:
             total = page.evaluate(f"(path) => {{ {scroller} return bottom(); }}", path)
+            if part > 1 and total - top + chrome + 40 < window:  # the last part: only the rest
+                window = total - top + chrome + 40
+                page.set_viewport_size({"width": size["width"], "height": window})
             page.evaluate(
                 f"""([path, top]) => {{ {scroller} outer.scrollTop = top; }}""", [path, top]
             )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import warnings
+from itertools import pairwise
 
 import pytest
 
@@ -80,6 +81,15 @@ def _summary(output) -> dict[str, int]:
     return {k: int(v.replace(",", "")) for k, v in match.groupdict().items()}
 
 
+def _figure(output) -> str:
+    """The explorer's figure, as the image's data URL (one image per redraw)."""
+    from playwright.sync_api import expect
+
+    image = output.locator("img")
+    expect(image).to_have_count(1, timeout=TIMEOUT_MS)
+    return image.get_attribute("src")
+
+
 def _slider(explorer, label: str):
     return explorer.locator(".widget-slider").filter(
         has=explorer.page.locator(".widget-label", has_text=re.compile(rf"^\s*{label}\s*$"))
@@ -133,6 +143,8 @@ def test_explorer_redraws_when_h_and_d_k_change(run_lesson, tmp_path):
         assert start["params"] == mha_course.param_count(d_model, start["h"], start["d_k"])
         assert hold.is_checked(), "the explorer should start with d_model held fixed"
 
+        figures = [_figure(output)]
+
         # 1. h moves (keyboard on the handle) to the nearest other divisor of d_model;
         #    d_k follows d_model // h and the parameter count stays 4 * d_model**2.
         h1 = min(
@@ -141,16 +153,26 @@ def test_explorer_redraws_when_h_and_d_k_change(run_lesson, tmp_path):
         )
         _press_to(h_handle, h1)
         expect(output).to_contain_text(_line_for(h1, d_model // h1), timeout=TIMEOUT_MS)
-        expect(output.locator("img")).to_have_count(1, timeout=TIMEOUT_MS)
         after_h = _summary(output)
         assert after_h["heads"] == h1
         assert after_h["params"] == mha_course.param_count(d_model, h1) == 4 * d_model**2
         expect(d_k_readout).to_have_text(str(d_model // h1), timeout=TIMEOUT_MS)
+        figures.append(_figure(output))
         shot = tmp_path / f"explorer_h{h1}_d_k{d_model // h1}.png"
         explorer.screenshot(path=shot)
         print(f"\nscreenshot of the explorer at h={h1}, d_k={d_model // h1}: {shot}")
 
-        # 2. "hold d_model fixed" off; type d_k into its readout: parameters become 4*d_model*h*d_k.
+        # 2. An h that does not divide d_model: no heads, the package's message instead.
+        h_bad = min((h for h in range(1, 17) if d_model % h), key=lambda h: (abs(h - h1), h))
+        _press_to(h_handle, h_bad)
+        expect(output).to_contain_text(
+            re.compile(rf"h={h_bad}\b.*heads drawn: 0.*not divisible by h={h_bad}"),
+            timeout=TIMEOUT_MS,
+        )
+        figures.append(_figure(output))
+
+        # 3. "hold d_model fixed" off; type d_k into its readout: now this h works, with
+        #    4 * d_model * h * d_k parameters.
         hold.uncheck()
         expect(d_k_readout).to_have_attribute("contenteditable", "true", timeout=TIMEOUT_MS)
         d_k2 = 20 if d_model // h1 != 20 else 24
@@ -158,23 +180,27 @@ def test_explorer_redraws_when_h_and_d_k_change(run_lesson, tmp_path):
         d_k_readout.press("Control+a")
         d_k_readout.press_sequentially(str(d_k2))
         d_k_readout.press("Enter")
-        expect(output).to_contain_text(_line_for(h1, d_k2), timeout=TIMEOUT_MS)
+        expect(output).to_contain_text(_line_for(h_bad, d_k2), timeout=TIMEOUT_MS)
         after_d_k = _summary(output)
-        assert after_d_k["heads"] == h1
-        assert after_d_k["params"] == mha_course.param_count(d_model, h1, d_k2)
+        assert after_d_k["heads"] == h_bad
+        assert after_d_k["params"] == mha_course.param_count(d_model, h_bad, d_k2)
         assert after_d_k["params"] != after_h["params"]
+        figures.append(_figure(output))
 
-        # 3. With d_k free, one more head adds 4 * d_model * d_k parameters and one heatmap.
-        h2 = h1 + 1 if h1 < 16 else h1 - 1
+        # 4. With d_k free, each head adds 4 * d_model * d_k parameters and one heatmap.
+        h2 = h_bad + 1 if h_bad < 16 else h_bad - 1
         _press_to(h_handle, h2)
         expect(output).to_contain_text(_line_for(h2, d_k2), timeout=TIMEOUT_MS)
-        expect(output.locator("img")).to_have_count(1, timeout=TIMEOUT_MS)
         after_h2 = _summary(output)
         assert after_h2["heads"] == h2
         assert after_h2["params"] == mha_course.param_count(d_model, h2, d_k2)
-        assert after_h2["params"] - after_d_k["params"] == 4 * d_model * d_k2 * (h2 - h1)
+        assert after_h2["params"] - after_d_k["params"] == 4 * d_model * d_k2 * (h2 - h_bad)
+        figures.append(_figure(output))
         shot = tmp_path / f"explorer_h{h2}_d_k{d_k2}.png"
         explorer.screenshot(path=shot)
         print(f"screenshot of the explorer at h={h2}, d_k={d_k2}: {shot}")
+
+        # Every change drew a new picture.
+        assert all(a != b for a, b in pairwise(figures)), "a figure was not redrawn"
     finally:
         run_lesson.release(lesson)
