@@ -82,6 +82,26 @@ def merge_heads(x) -> np.ndarray:
     return np.swapaxes(x, -3, -2).reshape(*lead, T, h * d)
 
 
+def _stack_heads(func: str, name: str, heads) -> np.ndarray:
+    """[h][d_model, d] (a sequence of h matrices, or one (h, d_model, d) array) -> (h, d_model, d).
+
+    Each matrix is checked against the first, so ragged input gets a named error rather than
+    NumPy's "inhomogeneous shape".
+    """
+    if isinstance(heads, np.ndarray):
+        return as_float_array(func, name, heads)
+    heads = [as_float_array(func, f"{name}[{i}]", w) for i, w in enumerate(heads)]
+    if not heads:
+        raise fail(func, f"{name} is empty; expected h >= 1 matrices of shape (d_model, d)")
+    first = heads[0]
+    for i, w in enumerate(heads):
+        check_shape(func, f"{name}[{i}]", w, ("d_model", "d"),
+                    {"d_model": (first.shape[0], f"{name}[0]"),
+                     "d": (first.shape[-1], f"{name}[0]")} if first.ndim == 2 else None,
+                    batch=False)
+    return np.stack(heads)
+
+
 def _head_dims(func: str, d_model, h, d_k, d_v) -> tuple[int, int, int, int]:
     """Validate the layer's sizes; fill in d_k = d_model / h and d_v = d_k when not given."""
     d_model = check_positive_int(func, "d_model", d_model)
@@ -191,7 +211,7 @@ class MultiHeadAttention:
         func = "MultiHeadAttention.from_per_head"
         stacked = {}
         for name, arr in (("W_q", W_q), ("W_k", W_k), ("W_v", W_v)):
-            stacked[name] = as_float_array(func, name, arr if np.ndim(arr) == 3 else np.stack(arr))
+            stacked[name] = _stack_heads(func, name, arr)
         W_o = as_float_array(func, "W_o", W_o)
         per_head = ("h", "d_model", "d_k")
         h, d_model, d_k = check_shape(func, "W_q", stacked["W_q"], per_head, batch=False).values()

@@ -73,6 +73,8 @@ def _softmax_inplace(
     (..., T, S) array. ``shift=False`` skips the max subtraction; the caller must have proved
     that ``exp`` cannot overflow or underflow on ``s`` (see ``attention._exp_is_safe``).
     """
+    if s.shape[axis] == 0:
+        return s  # nothing to normalise (no keys): an empty slice, like a fully masked one
     if shift:
         row_max = s.max(axis=axis, keepdims=True)
         if masked:
@@ -116,7 +118,7 @@ def logsumexp(x, axis: int = -1, mask=None, keepdims: bool = False) -> np.ndarra
     """
     x, axis, m = _prepare("logsumexp", x, axis, mask)
     xm = x if m is None else np.where(m, x, -np.inf).astype(x.dtype, copy=False)
-    row_max = xm.max(axis=axis, keepdims=True)
+    row_max = xm.max(axis=axis, keepdims=True, initial=-np.inf)  # empty axis: log(0) = -inf
     shift = np.where(np.isfinite(row_max), row_max, 0)
     with np.errstate(divide="ignore"):  # log(0) = -inf for a fully masked slice
         out = np.log(np.exp(xm - shift).sum(axis=axis, keepdims=True)) + shift
