@@ -276,7 +276,7 @@ class MultiHeadAttention:
         return {name: getattr(self, name) for name in names}
 
     # ------------------------------------------------------------------------ the forward pass
-    def forward(self, x, context=None, mask=None) -> tuple[np.ndarray, np.ndarray]:
+    def forward(self, x, context=None, mask=None, *, return_cache=False):
         """Attend from ``x`` to ``context`` (to ``x`` itself when ``context`` is None).
 
         Parameters
@@ -287,13 +287,16 @@ class MultiHeadAttention:
             The keys' and values' input, for cross-attention. Default: ``x``.
         mask : ndarray of bool, broadcastable to (..., T, S), optional
             ``True`` = may attend; applied to every head.
+        return_cache : bool, default False
+            Return ``(out, cache)`` instead, where ``cache`` keeps what :meth:`backward` needs
+            (the weights are ``cache.weights``).
 
         Returns
         -------
         out : ndarray, shape (..., T, d_model)
             In ``x``'s dtype (float32 in, float32 out).
         weights : ndarray, shape (..., h, T, S)
-            Every head's attention weights.
+            Every head's attention weights (or the cache, with ``return_cache=True``).
 
         Raises
         ------
@@ -308,6 +311,12 @@ class MultiHeadAttention:
         >>> out.shape, weights.shape
         ((4, 3, 8), (4, 2, 3, 5))
         """
+        if return_cache:
+            # The training path keeps every intermediate the backward pass needs (lesson on
+            # backprop); the plain path below is ordered for speed and memory instead.
+            from .backward import forward_with_cache
+
+            return forward_with_cache(self, x, context, mask)
         func = "MultiHeadAttention"
         x = as_float_array(func, "x", x)
         known = {"d_model": (self.d_model, "the layer")}
@@ -365,6 +374,31 @@ class MultiHeadAttention:
         return out, weights
 
     __call__ = forward
+
+    def backward(self, grad_out, cache) -> dict[str, np.ndarray]:
+        """Gradients of a loss with respect to the inputs and every parameter.
+
+        Parameters
+        ----------
+        grad_out : ndarray, shape (..., T, d_model)
+            dLoss/dout for the ``out`` of ``forward(..., return_cache=True)``.
+        cache : object
+            The cache that call returned.
+
+        Returns
+        -------
+        dict of str to ndarray
+            ``"x"``, ``"context"`` (cross-attention only), ``"W_q"``, ``"W_k"``, ``"W_v"``,
+            ``"W_o"`` (and ``"b_q"``, ``"b_k"``, ``"b_v"``, ``"b_o"`` with biases), each shaped
+            like what it is the gradient of.
+
+        See Also
+        --------
+        mha_course.backward : the hand-written backward pass, taught step by step.
+        """
+        from .backward import backward
+
+        return backward(self, grad_out, cache)
 
     @staticmethod
     def _project(x, W, b, dtype):
