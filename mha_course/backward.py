@@ -1,0 +1,402 @@
+"""The backward pass of multi-head attention, by hand, and a finite-difference gradient check.
+
+Taught in the backward-pass lesson (after ``notebooks/04_multi_head_attention.ipynb``).
+
+:func:`forward_with_cache` runs the layer's forward pass one readable step at a time and keeps
+what the backward pass needs; :func:`backward` walks the same steps in reverse, applying the
+chain rule to each: output projection, merge heads, weighted sum, softmax (its Jacobian),
+the ``1/√d_k`` scale, split heads, the three projections. :func:`gradient_check` compares any
+hand-written gradient with central differences. ``MultiHeadAttention.forward(...,
+return_cache=True)`` and ``MultiHeadAttention.backward`` call the first two.
+
+Shape letters: ``T`` query positions, ``S`` key/value positions, ``h`` query heads, ``g`` key/value
+heads (``n_kv_heads``; ``g = h`` for the standard layer, ``g = 1`` for MQA), ``d_k``, ``d_v``
+per-head widths; ``...`` any leading batch axes. Query head ``i`` reads key/value head
+``i // (h // g)``, as ``torch``'s ``scaled_dot_product_attention(..., enable_gqa=True)``.
+
+Conventions: ``q = x @ W_q + b_q`` (inputs multiply from the left), masks say ``True`` = may
+attend, and a fully masked query row has weights 0, output ``b_o`` and gradient 0 (never NaN).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ._checks import _fmt_shape, as_float_array, check_mask, check_shape, fail
+from .multihead import merge_heads, split_heads
+from .softmax import softmax
+
+__all__ = ["ForwardCache", "backward", "forward_with_cache", "gradient_check"]
+
+
+class ForwardCache:
+    """What :func:`forward_with_cache` keeps for :func:`backward`.
+
+    Attributes
+    ----------
+    layer : MultiHeadAttention
+        The layer that ran the forward pass; :func:`backward` refuses a cache from another one.
+    x : ndarray, shape (..., T, d_model)
+        The queries' input.
+    context : ndarray or None, shape (..., S, d_model)
+        The keys' and values' input for cross-attention; ``None`` for self-attention
+        (then the keys and values came from ``x``).
+    mask : ndarray of bool or None, broadcastable to (..., 1, T, S)
+        The mask as applied to every head (``True`` = may attend).
+    q : ndarray, shape (..., h, T, d_k)
+        Queries per head, before the ``1/√d_k`` scale.
+    k : ndarray, shape (..., g, S, d_k)
+        Keys per key/value head.
+    v : ndarray, shape (..., g, S, d_v)
+        Values per key/value head.
+    weights : ndarray, shape (..., h, T, S)
+        The attention weights of every query head.
+    concat : ndarray, shape (..., T, h*d_v)
+        The heads side by side, the input of the output projection.
+    params : dict of str to ndarray
+        The parameters as the forward pass used them (cast to ``dtype``).
+    dtype : numpy.dtype
+        The dtype the forward pass computed in.
+
+    Examples
+    --------
+    >>> from mha_course import MultiHeadAttention
+    >>> out, cache = MultiHeadAttention(8, 2, rng=0).forward(np.ones((3, 8)), return_cache=True)
+    >>> cache.weights.shape
+    (2, 3, 3)
+    """
+
+    def __init__(self, layer, x, context, mask, q, k, v, weights, concat, params, dtype):
+        self.layer = layer
+        self.x, self.context, self.mask = x, context, mask
+        self.q, self.k, self.v = q, k, v
+        self.weights, self.concat = weights, concat
+        self.params, self.dtype = params, dtype
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        """Shape of the forward pass's output, (..., T, d_model): what ``grad_out`` must have."""
+        return (*self.concat.shape[:-1], self.layer.d_model)
+
+    def __repr__(self) -> str:
+        *batch, h, T, S = self.weights.shape
+        kind = "self-attention" if self.context is None else "cross-attention"
+        return (
+            f"ForwardCache({kind}, batch={tuple(batch)}, h={h}, n_kv_heads={self.k.shape[-3]}, "
+            f"T={T}, S={S}, masked={self.mask is not None}, dtype={self.dtype})"
+        )
+
+
+def _n_kv_heads(layer) -> int:
+    """The layer's number of key/value heads g (``h`` for a layer without GQA)."""
+    return getattr(layer, "n_kv_heads", None) or layer.h
+
+
+def _checked_inputs(layer, x, context, mask):
+    """The checks of ``MultiHeadAttention.forward``, with its messages.
+
+    Returns ``(x, context_or_None, kv_input, mask, batch, T, S)`` where ``mask`` has been
+    reshaped to broadcast against (..., h, T, S).
+    """
+    func = "MultiHeadAttention"
+    x = as_float_array(func, "x", x)
+    known = {"d_model": (layer.d_model, "the layer")}
+    T = check_shape(func, "x", x, ("T", "d_model"), known)["T"]
+    if context is not None:
+        context = as_float_array(func, "context", context)
+    kv_input = x if context is None else context
+    S = check_shape(func, "context", kv_input, ("S", "d_model"), known)["S"]
+    try:
+        batch = np.broadcast_shapes(x.shape[:-2], kv_input.shape[:-2])
+    except ValueError:
+        raise fail(
+            func,
+            f"the batch axes of x {x.shape[:-2]} and context {kv_input.shape[:-2]} "
+            "do not broadcast together",
+        ) from None
+    m = check_mask(func, mask, (*batch, T, S), f"(..., T, S) = {(*batch, T, S)}")
+    if m is not None:
+        # (..., T, S) -> (..., 1, T, S): the same mask for every head
+        m = m.reshape((1,) * (2 - m.ndim) + m.shape)[..., None, :, :]
+    return x, context, kv_input, m, batch, T, S
+
+
+def forward_with_cache(layer, x, context=None, mask=None):
+    """The layer's forward pass, step by step, keeping what :func:`backward` needs.
+
+    Same result as ``layer.forward(x, context, mask)`` (to round-off), computed in the order a
+    lesson reads it rather than the order that saves memory.
+
+    Parameters
+    ----------
+    layer : MultiHeadAttention
+        The layer whose parameters to use (``layer.n_kv_heads`` key/value heads if it has them).
+    x : ndarray of float, shape (..., T, d_model)
+        The queries' input.
+    context : ndarray of float, shape (..., S, d_model), optional
+        The keys' and values' input, for cross-attention. Default: ``x`` (self-attention).
+    mask : ndarray of bool, broadcastable to (..., T, S), optional
+        ``True`` = may attend; applied to every head.
+
+    Returns
+    -------
+    out : ndarray, shape (..., T, d_model)
+        In the inputs' dtype.
+    cache : ForwardCache
+        The inputs and intermediates; ``cache.weights`` has shape (..., h, T, S).
+
+    Raises
+    ------
+    ValueError
+        As ``MultiHeadAttention.forward``: a wrong last axis, batch axes of ``x`` and
+        ``context`` that do not broadcast, a mask that does not broadcast to (..., T, S), or
+        non-float input.
+
+    Examples
+    --------
+    >>> from mha_course import MultiHeadAttention
+    >>> layer = MultiHeadAttention(d_model=8, h=2, rng=0)
+    >>> out, cache = forward_with_cache(layer, np.ones((4, 3, 8)), np.ones((4, 5, 8)))
+    >>> out.shape, cache.weights.shape
+    ((4, 3, 8), (4, 2, 3, 5))
+    """
+    x, context, kv_input, m, batch, T, S = _checked_inputs(layer, x, context, mask)
+    dtype = np.result_type(x, kv_input)
+    h, g, d_k = layer.h, _n_kv_heads(layer), layer.d_k
+    params = {
+        name: p.astype(dtype, copy=False) for name, p in layer.parameters().items()
+    }
+    b = {name: params.get(name, 0.0) for name in ("b_q", "b_k", "b_v", "b_o")}
+    # 1. Projections.
+    q = x @ params["W_q"] + b["b_q"]  # (..., T, d_model) @ (d_model, h*d_k) -> (..., T, h*d_k)
+    k = kv_input @ params["W_k"] + b["b_k"]  # (..., S, d_model) -> (..., S, g*d_k)
+    v = kv_input @ params["W_v"] + b["b_v"]  # (..., S, d_model) -> (..., S, g*d_v)
+    # 2. Split heads.
+    q_heads = split_heads(q, h)  # (..., T, h*d_k) -> (..., h, T, d_k)
+    k_heads = split_heads(k, g)  # (..., S, g*d_k) -> (..., g, S, d_k)
+    v_heads = split_heads(v, g)  # (..., S, g*d_v) -> (..., g, S, d_v)
+    # 3. Share key/value heads (GQA): query head i reads key/value head i // (h // g).
+    k_rep = np.repeat(k_heads, h // g, axis=-3)  # (..., g, S, d_k) -> (..., h, S, d_k)
+    v_rep = np.repeat(v_heads, h // g, axis=-3)  # (..., g, S, d_v) -> (..., h, S, d_v)
+    # 4. Scores, scaled by 1/√d_k.
+    scores = q_heads @ np.swapaxes(k_rep, -1, -2)  # (..., h, T, d_k) @ (..., h, d_k, S)
+    scores = scores / math.sqrt(d_k)  # (..., h, T, S)
+    # 5. Softmax over the keys; masked keys get weight 0, a fully masked row all 0.
+    weights = softmax(scores, axis=-1, mask=m)  # (..., h, T, S)
+    # 6. Weighted sum of the values.
+    heads = weights @ v_rep  # (..., h, T, S) @ (..., h, S, d_v) -> (..., h, T, d_v)
+    # 7. Merge heads.
+    concat = merge_heads(heads)  # (..., h, T, d_v) -> (..., T, h*d_v)
+    # 8. Output projection.
+    out = concat @ params["W_o"] + b["b_o"]  # (..., T, h*d_v) @ (h*d_v, d_model)
+    cache = ForwardCache(
+        layer, x, context, m, q_heads, k_heads, v_heads, weights, concat, params, dtype
+    )
+    return out, cache
+
+
+def _sum_to_shape(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """Undo broadcasting: sum ``grad`` over the axes that broadcasting added or stretched."""
+    extra = grad.ndim - len(shape)
+    grad = grad.sum(axis=tuple(range(extra))) if extra else grad  # drop added leading axes
+    stretched = tuple(i for i, n in enumerate(shape) if n == 1 and grad.shape[i] != 1)
+    return grad.sum(axis=stretched, keepdims=True) if stretched else grad
+
+
+def _param_grad(inp: np.ndarray, d_proj: np.ndarray) -> np.ndarray:
+    """dW for ``proj = inp @ W``: ``inpᵀ @ d_proj`` summed over every batch axis and position.
+
+    ``inp`` (..., N, d_in) and ``d_proj`` (..., N, d_out) may differ in batch axes that
+    broadcast (``inp`` was broadcast in the forward pass); the result is (d_in, d_out).
+    """
+    inp = np.broadcast_to(inp, (*d_proj.shape[:-1], inp.shape[-1]))  # (..., N, d_in)
+    # (B*N, d_in)ᵀ @ (B*N, d_out) -> (d_in, d_out)
+    return inp.reshape(-1, inp.shape[-1]).T @ d_proj.reshape(-1, d_proj.shape[-1])
+
+
+def backward(layer, grad_out, cache) -> dict[str, np.ndarray]:
+    """Gradients of a loss with respect to the inputs and every parameter, by hand.
+
+    Walks :func:`forward_with_cache`'s steps in reverse; step ``n`` here undoes step ``n`` there.
+
+    Parameters
+    ----------
+    layer : MultiHeadAttention
+        The layer that made ``cache``.
+    grad_out : ndarray of float, shape (..., T, d_model)
+        dLoss/dout, the gradient of the loss with respect to the forward pass's output.
+    cache : ForwardCache
+        What ``layer.forward(..., return_cache=True)`` returned with the output.
+
+    Returns
+    -------
+    dict of str to ndarray
+        ``"x"`` (..., T, d_model); ``"context"`` (..., S, d_model) for cross-attention only
+        (for self-attention the key and value paths flow into ``"x"``); ``"W_q"``, ``"W_k"``,
+        ``"W_v"``, ``"W_o"`` and, with biases, ``"b_q"``, ``"b_k"``, ``"b_v"``, ``"b_o"``, each
+        shaped like its parameter and summed over the batch axes. Masked keys and fully masked
+        query rows get gradient 0.
+
+    Raises
+    ------
+    ValueError
+        If ``cache`` is not a :class:`ForwardCache` or comes from another layer, or
+        ``grad_out`` is not a float array of the output's shape.
+
+    Examples
+    --------
+    >>> from mha_course import MultiHeadAttention
+    >>> layer = MultiHeadAttention(d_model=8, h=2, rng=0)
+    >>> out, cache = layer.forward(np.ones((3, 8)), return_cache=True)
+    >>> grads = backward(layer, np.ones_like(out), cache)
+    >>> grads["x"].shape, grads["W_q"].shape
+    ((3, 8), (8, 8))
+    """
+    func = "MultiHeadAttention.backward"
+    if not isinstance(cache, ForwardCache):
+        raise fail(
+            func,
+            f"cache is a {type(cache).__name__}; expected the cache that "
+            "forward(..., return_cache=True) returned",
+        )
+    if cache.layer is not layer:
+        raise fail(func, "the cache comes from another layer")
+    grad_out = as_float_array(func, "grad_out", grad_out)
+    if grad_out.shape != cache.out_shape:
+        raise fail(
+            func,
+            f"grad_out has shape {_fmt_shape(grad_out.shape)}; expected (..., T, d_model) = "
+            f"{_fmt_shape(cache.out_shape)}, the shape of the output",
+        )
+    dtype, P = cache.dtype, cache.params
+    h, g, d_k = layer.h, cache.k.shape[-3], layer.d_k
+    d_out = grad_out.astype(dtype, copy=False)  # (..., T, d_model)
+    k_rep = np.repeat(cache.k, h // g, axis=-3)  # (..., g, S, d_k) -> (..., h, S, d_k)
+    v_rep = np.repeat(cache.v, h // g, axis=-3)  # (..., g, S, d_v) -> (..., h, S, d_v)
+    W = cache.weights  # (..., h, T, S)
+    grads = {}
+
+    # 8. Output projection out = concat @ W_o + b_o.
+    grads["W_o"] = _param_grad(cache.concat, d_out)  # (h*d_v, d_model)
+    grads["b_o"] = d_out.reshape(-1, d_out.shape[-1]).sum(axis=0)  # (d_model,)
+    d_concat = d_out @ P["W_o"].T  # (..., T, d_model) @ (d_model, h*d_v) -> (..., T, h*d_v)
+    # 7. Merge heads is a reshape: its backward is the inverse reshape.
+    d_heads = split_heads(d_concat, h)  # (..., T, h*d_v) -> (..., h, T, d_v)
+    # 6. Weighted sum heads = weights @ v_rep.
+    d_weights = d_heads @ np.swapaxes(v_rep, -1, -2)  # (..., h, T, d_v) @ (..., h, d_v, S)
+    d_v_rep = np.swapaxes(W, -1, -2) @ d_heads  # (..., h, S, T) @ (..., h, T, d_v)
+    # 5. Softmax: dS = W * (dW - Σ_s dW·W), the Jacobian diag(W) - W Wᵀ applied row by row.
+    #    Masked keys and fully masked rows have W = 0, so their dS is exactly 0.
+    row_dot = np.sum(d_weights * W, axis=-1, keepdims=True)  # (..., h, T, 1)
+    d_scores = W * (d_weights - row_dot)  # (..., h, T, S)
+    # 4. Scale and scores: scores = q k_repᵀ / √d_k.
+    d_scores = d_scores / math.sqrt(d_k)  # (..., h, T, S)
+    d_q_heads = d_scores @ k_rep  # (..., h, T, S) @ (..., h, S, d_k) -> (..., h, T, d_k)
+    d_k_rep = np.swapaxes(d_scores, -1, -2) @ cache.q  # (..., h, S, T) @ (..., h, T, d_k)
+    # 3. Shared key/value heads: the h // g query heads of a group add into their one K/V head.
+    *lead, _, S, d_v = d_v_rep.shape
+    d_k_heads = d_k_rep.reshape(*lead, g, h // g, S, d_k).sum(axis=-3)  # (..., g, S, d_k)
+    d_v_heads = d_v_rep.reshape(*lead, g, h // g, S, d_v).sum(axis=-3)  # (..., g, S, d_v)
+    # 2. Split heads: undo with merge_heads.
+    d_q = merge_heads(d_q_heads)  # (..., h, T, d_k) -> (..., T, h*d_k)
+    d_k = merge_heads(d_k_heads)  # (..., g, S, d_k) -> (..., S, g*d_k)
+    d_v = merge_heads(d_v_heads)  # (..., g, S, d_v) -> (..., S, g*d_v)
+    # 1. Projections q = x @ W_q + b_q, k = context @ W_k + b_k, v = context @ W_v + b_v.
+    kv_input = cache.x if cache.context is None else cache.context  # (..., S, d_model)
+    grads["W_q"] = _param_grad(cache.x, d_q)  # (d_model, h*d_k)
+    grads["W_k"] = _param_grad(kv_input, d_k)  # (d_model, g*d_k)
+    grads["W_v"] = _param_grad(kv_input, d_v)  # (d_model, g*d_v)
+    grads["b_q"] = d_q.reshape(-1, d_q.shape[-1]).sum(axis=0)  # (h*d_k,)
+    grads["b_k"] = d_k.reshape(-1, d_k.shape[-1]).sum(axis=0)  # (g*d_k,)
+    grads["b_v"] = d_v.reshape(-1, d_v.shape[-1]).sum(axis=0)  # (g*d_v,)
+    d_x = d_q @ P["W_q"].T  # (..., T, h*d_k) @ (h*d_k, d_model) -> (..., T, d_model)
+    d_kv = d_k @ P["W_k"].T + d_v @ P["W_v"].T  # (..., S, d_model)
+    # Broadcast batch axes (e.g. one context for a batch of x) sum back to the input's shape.
+    d_x = _sum_to_shape(d_x, cache.x.shape)  # (..., T, d_model), x's own batch axes
+    d_kv = _sum_to_shape(d_kv, kv_input.shape)  # (..., S, d_model)
+    if cache.context is None:
+        # Self-attention: x fed the queries, the keys and the values; the three paths add up.
+        result = {"x": d_x + d_kv}
+    else:
+        result = {"x": d_x, "context": d_kv}
+    names = ["W_q", "W_k", "W_v", "W_o"] + (["b_q", "b_k", "b_v", "b_o"] if layer.bias else [])
+    result.update((name, grads[name]) for name in names)
+    return result
+
+
+def gradient_check(f, x, eps: float = 1e-6) -> float:
+    """Compare a hand-written gradient with central differences; return the worst relative error.
+
+    For every element ``i`` of ``x``, the numerical derivative is
+    ``num_i = (f(x + eps·e_i) - f(x - eps·e_i)) / (2·eps)`` and the relative error is
+    ``|num_i - ana_i| / max(|num_i| + |ana_i|, tiny)`` (``tiny`` the smallest normal float64,
+    so two exact zeros count as agreement). A correct gradient gives about 1e-8 or less on
+    well-scaled float64 problems; a wrong one gives something near 1. Elements whose true
+    derivative is tiny (say below 1e-8) can show a large relative error from round-off alone.
+
+    Parameters
+    ----------
+    f : callable
+        ``f(x) -> (loss, grad)`` with ``loss`` a float and ``grad`` an array shaped like ``x``.
+    x : ndarray of float64, any shape
+        The point at which to check. It is copied: the caller's array is never modified.
+    eps : float, default 1e-6
+        The step of the central differences.
+
+    Returns
+    -------
+    float
+        The largest relative error over all elements of ``x`` (0.0 for an empty ``x``).
+
+    Raises
+    ------
+    ValueError
+        If ``x`` is not float64, ``eps`` is not positive, or ``f`` returns a gradient of
+        another shape.
+
+    Examples
+    --------
+    >>> def f(x):
+    ...     return float(np.sum(x ** 2)), 2 * x
+    >>> x = np.array([[1.0, -2.0, 0.5], [3.0, 0.0, -1.5]])  # shape (2, 3)
+    >>> gradient_check(f, x) < 1e-8
+    True
+    >>> round(gradient_check(lambda x: (float(np.sum(x ** 2)), x), x), 4)  # forgot the 2
+    0.3333
+    """
+    func = "gradient_check"
+    x = as_float_array(func, "x", x)
+    if x.dtype != np.float64:
+        raise fail(
+            func,
+            f"x has dtype {x.dtype}; expected float64 (central differences lose every "
+            "digit to round-off in float32)",
+        )
+    if not (isinstance(eps, (int, float, np.floating)) and eps > 0):
+        raise fail(func, f"eps={eps!r} must be a positive number")
+    x = np.array(x, dtype=np.float64, copy=True)  # our own copy: the caller's x stays as it is
+    _, analytic = f(x.copy())
+    analytic = np.asarray(analytic, dtype=np.float64)
+    if analytic.shape != x.shape:
+        raise fail(
+            func,
+            f"f(x) returned a grad of shape {_fmt_shape(analytic.shape)}; expected x's shape "
+            f"{_fmt_shape(x.shape)}",
+        )
+    numeric = np.zeros_like(x)  # same shape as x
+    flat = x.reshape(-1)  # a view: writing flat[i] moves x[i]
+    for i in range(flat.size):
+        old = flat[i]
+        flat[i] = old + eps
+        loss_plus = float(f(x)[0])
+        flat[i] = old - eps
+        loss_minus = float(f(x)[0])
+        flat[i] = old  # restored exactly (old is the stored value, not old + eps - eps)
+        numeric.reshape(-1)[i] = (loss_plus - loss_minus) / (2 * eps)
+    if x.size == 0:
+        return 0.0
+    tiny = np.finfo(np.float64).tiny
+    rel = np.abs(numeric - analytic) / np.maximum(np.abs(numeric) + np.abs(analytic), tiny)
+    return float(rel.max())
