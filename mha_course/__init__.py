@@ -9,6 +9,7 @@ from .attention import causal_mask, padding_mask, scaled_dot_product_attention
 from .cost import attention_flops, param_count
 from .multihead import MultiHeadAttention, merge_heads, split_heads
 from .softmax import log_softmax, logsumexp, softmax
+from .tiled import tiled_attention
 
 __all__ = [
     "MultiHeadAttention",
@@ -22,6 +23,7 @@ __all__ = [
     "scaled_dot_product_attention",
     "softmax",
     "split_heads",
+    "tiled_attention",
 ]
 
 __version__ = "0.1.0"

@@ -1,0 +1,178 @@
+"""Tiled attention with an online softmax: the idea behind FlashAttention, in NumPy.
+
+Taught in the later lesson on online softmax and tiled ("flash") attention (after
+``notebooks/04_multi_head_attention.ipynb``); until it lands, the docstring of
+:func:`tiled_attention` and the comments in its loop are the explanation.
+
+Standard attention (:func:`mha_course.scaled_dot_product_attention`) builds the whole
+(..., T, S) score matrix, softmaxes it and multiplies it by ``v``: memory grows as T·S. Tiled
+attention gets the same output while holding only one (..., block, block) tile of scores at a
+time, so the extra memory grows as T·d_v (the output) plus one tile.
+
+Shape letters as in :mod:`mha_course.attention`: ``T`` query positions, ``S`` key/value
+positions, ``d_k`` query/key width, ``d_v`` value width, ``...`` any leading batch axes (batch,
+heads). Masks are boolean with ``True`` = *may attend*.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ._checks import as_float_array, check_mask, check_positive_int, check_shape, fail
+
+
+def tiled_attention(q, k, v, *, mask=None, causal=False, block_size=128) -> np.ndarray:
+    """``softmax(q kᵀ / √d_k) v`` one (block × block) tile at a time, never the (T, S) matrix.
+
+    The algorithm (the online softmax of Milakov & Gimelshein 2018, tiled as in FlashAttention,
+    Dao et al. 2022). For one query ``t`` with scores ``x_s = q_t·k_s / √d_k``, the output is
+
+        out_t = Σ_s exp(x_s - m) v_s / Σ_s exp(x_s - m),   m = max_s x_s
+
+    (subtracting the maximum ``m`` changes nothing and keeps every ``exp`` <= 1). The sums can
+    be built block by block of keys if we keep, per query, three running quantities over the
+    keys seen so far: the maximum ``m``, the sum ``l = Σ exp(x_s - m)`` and the unnormalised
+    output ``acc = Σ exp(x_s - m) v_s``. When a new block raises the maximum from ``m_old`` to
+    ``m_new``, everything accumulated so far was scaled by ``exp(-m_old)`` and must now be
+    scaled by ``exp(-m_new)``: multiply ``l`` and ``acc`` by ``exp(m_old - m_new)`` (<= 1), then
+    add the new block's terms. After the last block, ``out_t = acc / l``. The result equals
+    standard attention up to rounding, for any block size.
+
+    The queries are walked in blocks too, so the largest temporary is a (..., block, block)
+    tile of scores. With ``causal=True`` a key block that lies wholly above the diagonal of a
+    query block (every key in the future of every query) is skipped, not computed and masked:
+    for T = S about half the tiles are never visited.
+
+    Parameters
+    ----------
+    q : ndarray of float, shape (..., T, d_k)
+        Queries.
+    k : ndarray of float, shape (..., S, d_k)
+        Keys.
+    v : ndarray of float, shape (..., S, d_v)
+        Values.
+    mask : ndarray of bool, broadcastable to (..., T, S), optional
+        ``True`` where query ``t`` may attend to key ``s``; sliced tile by tile, never expanded.
+        A query with no allowed key gets output 0.
+    causal : bool, default False
+        Also hide the future: query ``t`` may attend to key ``s`` iff ``s <= t + (S - T)``
+        (the queries are the *last* ``T`` of ``S`` positions, as :func:`mha_course.causal_mask`
+        aligns them). Combined with ``mask`` by logical and.
+    block_size : int, default 128
+        Queries and keys per tile. Any value >= 1 gives the same output; it trades Python loop
+        overhead (small blocks) against memory and cache misses (large blocks).
+
+    Returns
+    -------
+    out : ndarray, shape (..., T, d_v)
+        As the ``out`` of :func:`mha_course.scaled_dot_product_attention`; in float32 when the
+        inputs are float32. No attention weights are returned: they are never all in memory.
+
+    Raises
+    ------
+    ValueError
+        As :func:`mha_course.scaled_dot_product_attention` (wrong rank, mismatched ``d_k`` or
+        ``S``, batch axes that do not broadcast, a bad mask, non-float input), and when
+        ``block_size`` is not an integer >= 1.
+
+    Examples
+    --------
+    >>> from mha_course import causal_mask, scaled_dot_product_attention
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = rng.normal(size=(2, 5, 4)), rng.normal(size=(2, 7, 4)), rng.normal(size=(2, 7, 3))
+    >>> out = tiled_attention(q, k, v, causal=True, block_size=3)
+    >>> out.shape
+    (2, 5, 3)
+    >>> bool(np.allclose(out, scaled_dot_product_attention(q, k, v, mask=causal_mask(5, 7))[0]))
+    True
+    """
+    func = "tiled_attention"
+    q = as_float_array(func, "q", q)
+    k = as_float_array(func, "k", k)
+    v = as_float_array(func, "v", v)
+    T, d_k = check_shape(func, "q", q, ("T", "d_k")).values()
+    S = check_shape(func, "k", k, ("S", "d_k"), {"d_k": (d_k, "q")})["S"]
+    d_v = check_shape(func, "v", v, ("S", "d_v"), {"S": (S, "k")})["d_v"]
+    try:
+        batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    except ValueError:
+        raise fail(
+            func,
+            f"the batch axes of q {q.shape[:-2]}, k {k.shape[:-2]} and v {v.shape[:-2]} "
+            "do not broadcast together",
+        ) from None
+    m = check_mask(func, mask, (*batch, T, S), f"(..., T, S) = {(*batch, T, S)}")
+    block = check_positive_int(func, "block_size", block_size)
+    if m is not None and m.ndim < 2:
+        m = m.reshape((1,) * (2 - m.ndim) + m.shape)  # (S,) -> (1, S): rows and columns to slice
+
+    dtype = np.result_type(q, k, v)  # float32 stays float32 (no float64 temporaries below)
+    # Scale q once, (..., T, d_k), instead of every tile of scores; a python float keeps dtype.
+    # Broadcasting q to every batch axis (a view, no copy) makes each score tile carry all of
+    # them, so a mask or v with more batch axes than q and k still lines up.
+    q = np.broadcast_to(q * (1.0 / math.sqrt(d_k)), (*batch, T, d_k))
+    kT = np.swapaxes(k, -1, -2)  # (..., d_k, S), a view
+    out = np.empty((*batch, T, d_v), dtype=dtype)
+
+    for t0 in range(0, T, block):  # one block of queries [t0, t1) at a time
+        t1 = min(t0 + block, T)
+        # The three running quantities of each query in the block (see the docstring).
+        m_run = np.full((*batch, t1 - t0, 1), -np.inf, dtype=dtype)  # running max of scores
+        l_run = np.zeros((*batch, t1 - t0, 1), dtype=dtype)  # running Σ exp(score - m_run)
+        acc = np.zeros((*batch, t1 - t0, d_v), dtype=dtype)  # running Σ exp(score - m_run) v_s
+
+        for s0, s1 in _key_blocks(t0, t1, T, S, block, causal):
+            # (..., t1-t0, d_k) @ (..., d_k, s1-s0) -> (..., t1-t0, s1-s0): one tile of scores
+            scores = q[..., t0:t1, :] @ kT[..., s0:s1]
+            if m is not None:
+                np.copyto(scores, -np.inf, where=~_mask_tile(m, t0, t1, s0, s1))
+            if causal and s1 - 1 > t0 + (S - T):  # the tile crosses the diagonal: hide the future
+                future = np.arange(s0, s1) > np.arange(t0, t1)[:, None] + (S - T)  # (t, s)
+                np.copyto(scores, -np.inf, where=future)
+
+            # m_new = max(m_old, max_s x_s): the running max over all keys seen so far.
+            m_new = np.maximum(m_run, scores.max(axis=-1, keepdims=True))
+            # A query whose keys so far are all masked still has m_new = -inf; shift it by 0
+            # instead, so exp(-inf - 0) = 0 rather than exp(-inf + inf) = NaN.
+            shift = np.where(m_new == -np.inf, 0.0, m_new)
+            # p_s = exp(x_s - m_new) <= 1, computed in place in the score tile (no overflow).
+            scores -= shift
+            p = np.exp(scores, out=scores)
+            # alpha = exp(m_old - m_new) <= 1 re-expresses the old sums relative to the new max.
+            alpha = np.exp(m_run - shift)
+            # l = alpha·l + Σ_s p_s ;  acc = alpha·acc + Σ_s p_s v_s
+            l_run *= alpha
+            l_run += p.sum(axis=-1, keepdims=True)
+            acc *= alpha
+            acc += p @ v[..., s0:s1, :]  # (..., t1-t0, s1-s0) @ (..., s1-s0, d_v)
+            m_run = m_new
+
+        # out_t = acc / l. A query that saw no allowed key has l = 0 and acc = 0: output 0.
+        l_run[l_run == 0] = 1.0
+        out[..., t0:t1, :] = acc / l_run
+    return out
+
+
+def _key_blocks(t0: int, t1: int, T: int, S: int, block: int, causal: bool):
+    """Yield ``(s0, s1)`` for each key block the query block ``[t0, t1)`` must visit.
+
+    Without ``causal``: every block of ``block`` keys. With ``causal``, query ``t`` sees keys
+    ``s <= t + (S - T)``; the last query of the block, ``t1 - 1``, sees the most, so key blocks
+    starting after ``t1 - 1 + (S - T)`` lie wholly in the future of every query here and are
+    skipped (the loop stops before them).
+    """
+    last = S if not causal else min(S, t1 + (S - T))  # one past the last key any query may see
+    for s0 in range(0, max(last, 0), block):
+        yield s0, min(s0 + block, S)
+
+
+def _mask_tile(m: np.ndarray, t0: int, t1: int, s0: int, s1: int) -> np.ndarray:
+    """The (..., t1-t0, s1-s0) part of a mask that broadcasts to (..., T, S), as a view.
+
+    An axis of length 1 broadcasts, so it is kept whole rather than sliced.
+    """
+    rows = slice(None) if m.shape[-2] == 1 else slice(t0, t1)
+    cols = slice(None) if m.shape[-1] == 1 else slice(s0, s1)
+    return m[..., rows, cols]
