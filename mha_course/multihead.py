@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from ._checks import as_float_array, check_mask, check_positive_int, check_shape, fail
+from ._checks import _fmt_shape, as_float_array, check_mask, check_positive_int, check_shape, fail
 from .attention import _exp_is_safe, _weights_from_scores
 
 
@@ -115,12 +115,45 @@ def _head_dims(func: str, d_model, h, d_k, d_v) -> tuple[int, int, int, int]:
     return d_model, h, d_k, d_v
 
 
+def _kv_heads(func: str, h: int, n_kv_heads) -> int:
+    """Validate the number of key/value heads (None means ``h``); it must divide ``h``."""
+    if n_kv_heads is None:
+        return h
+    n_kv_heads = check_positive_int(func, "n_kv_heads", n_kv_heads)
+    if h % n_kv_heads:
+        divisors = [g for g in range(1, h + 1) if h % g == 0]
+        raise fail(
+            func,
+            f"n_kv_heads={n_kv_heads} does not divide h={h}; each key/value head serves "
+            f"h/n_kv_heads query heads, so choose one of {divisors}",
+        )
+    return n_kv_heads
+
+
+def _group_heads(x: np.ndarray, g: int) -> np.ndarray:
+    """(..., h, T, d) -> (..., g, h/g, T, d): query heads ``j*h/g`` to ``(j+1)*h/g - 1`` share
+    key/value head ``j``.
+
+    A view when ``x`` allows it (split_heads views do); matmul against K/V heads of shape
+    (..., g, 1, S, d) then broadcasts each K/V head over its group without repeating it.
+    """
+    *lead, h, T, d = x.shape
+    return x.reshape(*lead, g, h // g, T, d)
+
+
 class MultiHeadAttention:
     """Multi-head attention as in Vaswani et al. (2017), vectorised over heads.
 
     ``MultiHead(x, context) = Concat(head_1, ..., head_h) W_o`` with
     ``head_i = Attention(x W_q[i], context W_k[i], context W_v[i])``, all heads computed at once
     by one fused projection and a reshape.
+
+    With ``n_kv_heads = g < h`` (grouped-query attention, GQA; ``g = 1`` is multi-query
+    attention, MQA) the ``h`` query heads share ``g`` key/value heads: query head ``i`` reads
+    K/V head ``i // (h // g)``, the grouping of PyTorch's
+    ``scaled_dot_product_attention(..., enable_gqa=True)``. ``W_k`` and ``W_v`` shrink to
+    ``g`` heads, and so does the KV cache (:meth:`init_cache`); the scores and weights keep
+    all ``h`` heads.
 
     Parameters
     ----------
@@ -136,20 +169,26 @@ class MultiHeadAttention:
         Add biases ``b_q``, ``b_k``, ``b_v``, ``b_o`` (zeros at start, as in PyTorch).
     rng : int or numpy.random.Generator, optional
         Seed or generator for the initial weights (Xavier/Glorot uniform, as PyTorch).
+    n_kv_heads : int, optional
+        Number of key/value heads ``g``; must divide ``h``. Default (None): ``h``, the standard
+        layer (its weights and outputs are exactly those of a layer built without it).
 
     Attributes
     ----------
-    W_q, W_k : ndarray, shape (d_model, h*d_k)
-    W_v : ndarray, shape (d_model, h*d_v)
+    n_kv_heads : int
+        ``g``: ``h`` unless given.
+    W_q : ndarray, shape (d_model, h*d_k)
+    W_k : ndarray, shape (d_model, g*d_k)
+    W_v : ndarray, shape (d_model, g*d_v)
     W_o : ndarray, shape (h*d_v, d_model)
     b_q, b_k, b_v, b_o : ndarray or None
-        Shapes (h*d_k,), (h*d_k,), (h*d_v,), (d_model,) when ``bias=True``.
+        Shapes (h*d_k,), (g*d_k,), (g*d_v,), (d_model,) when ``bias=True``.
 
     Raises
     ------
     ValueError
-        If a size is not a positive integer, or ``h`` does not divide ``d_model`` and no
-        ``d_k`` is given.
+        If a size is not a positive integer, ``h`` does not divide ``d_model`` and no ``d_k``
+        is given, or ``n_kv_heads`` does not divide ``h``.
 
     Examples
     --------
@@ -157,25 +196,31 @@ class MultiHeadAttention:
     >>> out, weights = mha(np.ones((3, 8)))
     >>> out.shape, weights.shape
     ((3, 8), (2, 3, 3))
+    >>> gqa = MultiHeadAttention(d_model=8, h=4, n_kv_heads=2, rng=0)
+    >>> gqa.W_k.shape, gqa(np.ones((3, 8)))[1].shape
+    ((8, 4), (4, 3, 3))
     """
 
-    def __init__(self, d_model, h, d_k=None, d_v=None, *, bias=False, rng=None):
+    def __init__(self, d_model, h, d_k=None, d_v=None, *, bias=False, rng=None, n_kv_heads=None):
         d_model, h, d_k, d_v = _head_dims("MultiHeadAttention", d_model, h, d_k, d_v)
+        g = _kv_heads("MultiHeadAttention", h, n_kv_heads)
         self.d_model, self.h, self.d_k, self.d_v = d_model, h, d_k, d_v
+        self.n_kv_heads = g
         rng = np.random.default_rng(rng)
 
         def xavier(fan_in, fan_out):
             bound = np.sqrt(6.0 / (fan_in + fan_out))
             return rng.uniform(-bound, bound, size=(fan_in, fan_out))
 
+        # Drawn in this order (W_q, W_k, W_v, W_o), so g = h gives the standard layer's weights.
         self.W_q = xavier(d_model, h * d_k)
-        self.W_k = xavier(d_model, h * d_k)
-        self.W_v = xavier(d_model, h * d_v)
+        self.W_k = xavier(d_model, g * d_k)
+        self.W_v = xavier(d_model, g * d_v)
         self.W_o = xavier(h * d_v, d_model)
         self.bias = bool(bias)
         zeros = np.zeros if self.bias else (lambda n: None)
         self.b_q, self.b_k, self.b_v, self.b_o = (
-            zeros(h * d_k), zeros(h * d_k), zeros(h * d_v), zeros(d_model)
+            zeros(h * d_k), zeros(g * d_k), zeros(g * d_v), zeros(d_model)
         )
 
     # ----------------------------------------------------------------- the article's layout
@@ -185,10 +230,14 @@ class MultiHeadAttention:
 
         Parameters
         ----------
-        W_q, W_k : sequence of h arrays of shape (d_model, d_k), or one array (h, d_model, d_k)
-        W_v : sequence of h arrays of shape (d_model, d_v), or one array (h, d_model, d_v)
+        W_q : sequence of h arrays of shape (d_model, d_k), or one array (h, d_model, d_k)
+        W_k : sequence of g arrays of shape (d_model, d_k), or one array (g, d_model, d_k)
+            ``g = h`` for the standard layer; fewer (a divisor of ``h``) for grouped-query
+            attention: the layer's ``n_kv_heads`` is read off ``W_k``.
+        W_v : sequence of g arrays of shape (d_model, d_v), or one array (g, d_model, d_v)
         W_o : ndarray, shape (h*d_v, d_model)
-        b_q, b_k, b_v : sequence of h arrays (d_k,) / (d_v,), optional
+        b_q : sequence of h arrays (d_k,), optional
+        b_k, b_v : sequence of g arrays (d_k,) / (d_v,), optional
         b_o : ndarray, shape (d_model,), optional
             Give all four biases or none.
 
@@ -200,7 +249,8 @@ class MultiHeadAttention:
         Raises
         ------
         ValueError
-            If the per-head matrices disagree in shape or with ``W_o``.
+            If the per-head matrices disagree in shape or with ``W_o``, or the number of K/V
+            heads does not divide the number of query heads.
 
         Examples
         --------
@@ -215,23 +265,39 @@ class MultiHeadAttention:
         W_o = as_float_array(func, "W_o", W_o)
         per_head = ("h", "d_model", "d_k")
         h, d_model, d_k = check_shape(func, "W_q", stacked["W_q"], per_head, batch=False).values()
-        known = {"h": (h, "W_q"), "d_model": (d_model, "W_q"), "d_k": (d_k, "W_q")}
-        check_shape(func, "W_k", stacked["W_k"], per_head, known, batch=False)
+        # GQA: W_k may hold fewer heads g (a divisor of h); its axis is then named n_kv_heads.
+        W_k_ = stacked["W_k"]
+        g = W_k_.shape[0] if W_k_.ndim == 3 else h
+        kv = "h" if g == h else "n_kv_heads"
+        if g != h and (g < 1 or h % g):
+            raise fail(
+                func,
+                f"W_k has shape {_fmt_shape(W_k_.shape)}; expected (n_kv_heads, d_model, d_k) "
+                f"with n_kv_heads dividing h={h} (from W_q)",
+            )
+        known = {kv: (h, "W_q"), "d_model": (d_model, "W_q"), "d_k": (d_k, "W_q")}
+        if g != h:
+            known.pop(kv)
+        check_shape(func, "W_k", W_k_, (kv, "d_model", "d_k"), known, batch=False)
         known.pop("d_k")
-        d_v = check_shape(func, "W_v", stacked["W_v"], ("h", "d_model", "d_v"), known, batch=False)
+        known[kv] = (g, "W_q" if g == h else "W_k")
+        known = {kv: known.pop(kv), **known}  # letters in the order of the shape
+        d_v = check_shape(func, "W_v", stacked["W_v"], (kv, "d_model", "d_v"), known, batch=False)
         d_v = d_v["d_v"]
         fused = {"h*d_k": (h * d_k, "W_q"), "h*d_v": (h * d_v, "W_v"), "d_model": (d_model, "W_q")}
+        if g != h:
+            fused.update({f"{kv}*d_k": (g * d_k, "W_k"), f"{kv}*d_v": (g * d_v, "W_v")})
         check_shape(func, "W_o", W_o, ("h*d_v", "d_model"), fused, batch=False)
         biases = {"b_q": b_q, "b_k": b_k, "b_v": b_v, "b_o": b_o}
         if any(b is not None for b in biases.values()) and any(b is None for b in biases.values()):
             raise fail(func, "give all four biases b_q, b_k, b_v, b_o, or none")
-        layer = cls(d_model, h, d_k, d_v, bias=b_q is not None)
+        layer = cls(d_model, h, d_k, d_v, bias=b_q is not None, n_kv_heads=g)
         # [h][d_model, d] -> (d_model, h*d): head i in columns i*d:(i+1)*d
         for name in ("W_q", "W_k", "W_v"):
             setattr(layer, name, np.concatenate(list(stacked[name]), axis=1))
         layer.W_o = np.array(W_o)
         if layer.bias:
-            letters = {"b_q": "h*d_k", "b_k": "h*d_k", "b_v": "h*d_v", "b_o": "d_model"}
+            letters = {"b_q": "h*d_k", "b_k": f"{kv}*d_k", "b_v": f"{kv}*d_v", "b_o": "d_model"}
             for name, b in biases.items():
                 # per-head biases [h][d] -> (h*d,); b_o is already (d_model,)
                 b = as_float_array(func, name, b)
@@ -246,20 +312,24 @@ class MultiHeadAttention:
         Returns
         -------
         dict
-            ``"W_q"``, ``"W_k"``: (h, d_model, d_k); ``"W_v"``: (h, d_model, d_v);
+            ``"W_q"``: (h, d_model, d_k); ``"W_k"``: (g, d_model, d_k); ``"W_v"``:
+            (g, d_model, d_v), with g = ``n_kv_heads`` (= h unless the layer uses GQA);
             ``"W_o"``: (h, d_v, d_model), the rows of ``W_o`` that read head ``i``.
 
         Examples
         --------
         >>> MultiHeadAttention(8, 2, rng=0).per_head()["W_q"].shape
         (2, 8, 4)
+        >>> MultiHeadAttention(8, 4, n_kv_heads=1, rng=0).per_head()["W_k"].shape
+        (1, 8, 2)
         """
         h, d_model, d_k, d_v = self.h, self.d_model, self.d_k, self.d_v
+        g = self.n_kv_heads
         return {
             # (d_model, h*d_k) -> (d_model, h, d_k) -> (h, d_model, d_k)
             "W_q": self.W_q.reshape(d_model, h, d_k).transpose(1, 0, 2),
-            "W_k": self.W_k.reshape(d_model, h, d_k).transpose(1, 0, 2),
-            "W_v": self.W_v.reshape(d_model, h, d_v).transpose(1, 0, 2),
+            "W_k": self.W_k.reshape(d_model, g, d_k).transpose(1, 0, 2),
+            "W_v": self.W_v.reshape(d_model, g, d_v).transpose(1, 0, 2),
             # (h*d_v, d_model) -> (h, d_v, d_model)
             "W_o": self.W_o.reshape(h, d_v, d_model),
         }
@@ -343,21 +413,27 @@ class MultiHeadAttention:
         # written out here (with its private helpers) only to order them for memory: peak memory
         # is the (..., h, T, S) weights plus two (..., T, h*d) arrays, not four or five.
         dtype = np.result_type(x, context)
-        h, d_k, d_v = self.h, self.d_k, self.d_v
+        h, d_k, d_v, g = self.h, self.d_k, self.d_v, self.n_kv_heads
         q = self._project(x, self.W_q, self.b_q, dtype)  # (..., T, h*d_k)
         # Memory: scale our own q in place (no temporary copy); a python float keeps the dtype.
         q *= 1.0 / math.sqrt(d_k)
-        k = self._project(context, self.W_k, self.b_k, dtype)  # (..., S, h*d_k)
-        q_heads, k_heads = split_heads(q, h), split_heads(k, h)  # (..., h, T|S, d_k), views
+        k = self._project(context, self.W_k, self.b_k, dtype)  # (..., S, g*d_k)
+        # GQA: the h query heads in g groups, (..., g, h/g, T, d_k), against the g K/V heads
+        # as (..., g, 1, S, d_k): matmul broadcasts each K/V head over its group, so K and V
+        # are never repeated in memory. The standard layer is g = h: groups of one. All views.
+        q_heads = _group_heads(split_heads(q, h), g)
+        k_heads = split_heads(k, g)[..., None, :, :]
         shift = not _exp_is_safe(q_heads, k_heads, dtype)  # before the big buffer exists
-        # (..., h, T, d_k) @ (..., h, d_k, S) -> (..., h, T, S); BLAS reads the strided views
-        # directly (measured: no slower than contiguous copies, which would cost memory).
+        # (..., g, h/g, T, d_k) @ (..., g, 1, d_k, S) -> (..., g, h/g, T, S) -> (..., h, T, S),
+        # a free reshape of the new contiguous buffer. BLAS reads the strided views directly
+        # (measured: no slower than contiguous copies, which would cost memory).
         scores = q_heads @ np.swapaxes(k_heads, -1, -2)
+        scores = scores.reshape(*scores.shape[:-4], h, T, S)
         del k, k_heads  # memory: k is not needed once the scores exist
         weights = _weights_from_scores(scores, m, shift)  # in place: scores become weights
         # Memory: v is projected only now, after k is freed, so q, k and v never coexist with
         # the (..., h, T, S) buffer.
-        v = self._project(context, self.W_v, self.b_v, dtype)  # (..., S, h*d_v)
+        v = self._project(context, self.W_v, self.b_v, dtype)  # (..., S, g*d_v)
         # The heads are written straight into merge_heads layout (..., T, h*d_v) through a
         # split_heads view, which saves merge_heads' copy; q's buffer is reused when it has the
         # right shape (d_v == d_k and no batch broadcasting between x and context).
@@ -367,8 +443,13 @@ class MultiHeadAttention:
         else:
             concat = np.empty((*batch, T, h * d_v), dtype=dtype)
         del q, q_heads
-        # (..., h, T, S) @ (..., h, S, d_v) -> (..., h, T, d_v), stored as (..., T, h*d_v)
-        np.matmul(weights, split_heads(v, h), out=split_heads(concat, h))
+        # (..., g, h/g, T, S) @ (..., g, 1, S, d_v) -> (..., g, h/g, T, d_v), stored as
+        # (..., T, h*d_v)
+        np.matmul(
+            _group_heads(weights, g),
+            split_heads(v, g)[..., None, :, :],
+            out=_group_heads(split_heads(concat, h), g),
+        )
         del v
         out = self._project(concat, self.W_o, self.b_o, dtype)  # (..., T, d_model)
         return out, weights
@@ -410,5 +491,6 @@ class MultiHeadAttention:
     def __repr__(self) -> str:
         return (
             f"MultiHeadAttention(d_model={self.d_model}, h={self.h}, d_k={self.d_k}, "
-            f"d_v={self.d_v}, bias={self.bias})"
+            f"d_v={self.d_v}, bias={self.bias}"
+            + (f", n_kv_heads={self.n_kv_heads})" if self.n_kv_heads != self.h else ")")
         )
