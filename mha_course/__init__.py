@@ -6,15 +6,18 @@ equals the function here, and import it from then on.
 """
 
 from .attention import causal_mask, padding_mask, scaled_dot_product_attention
-from .cost import attention_flops, param_count
+from .cost import attention_flops, kv_cache_bytes, param_count
+from .kv_cache import KVCache
 from .multihead import MultiHeadAttention, merge_heads, split_heads
 from .softmax import log_softmax, logsumexp, softmax
 from .tiled import tiled_attention
 
 __all__ = [
+    "KVCache",
     "MultiHeadAttention",
     "attention_flops",
     "causal_mask",
+    "kv_cache_bytes",
     "log_softmax",
     "logsumexp",
     "merge_heads",

@@ -456,6 +456,79 @@ class MultiHeadAttention:
 
     __call__ = forward
 
+    # ------------------------------------------------------------------ decoding with a cache
+    def init_cache(self, batch_shape=(), max_len=None, *, dtype=None):
+        """An empty KV cache for decoding with this layer, one token at a time.
+
+        Parameters
+        ----------
+        batch_shape : tuple of int, default ()
+            The leading axes ``...`` of every ``x_t`` that :meth:`decode_step` will get.
+        max_len : int, optional
+            Most positions to hold, preallocated; None lets the cache grow (by doubling).
+        dtype : numpy dtype, optional
+            Dtype of the stored keys and values; default: that of the first ``x_t``.
+
+        Returns
+        -------
+        KVCache
+            Empty; its buffers will have shape (..., n_kv_heads, capacity, d_k | d_v).
+
+        Raises
+        ------
+        ValueError
+            If ``batch_shape`` or ``max_len`` is not made of non-negative / positive integers.
+
+        Examples
+        --------
+        >>> cache = MultiHeadAttention(8, 2, rng=0).init_cache(batch_shape=(3,), max_len=16)
+        >>> len(cache), cache.keys.shape
+        (0, (3, 2, 0, 4))
+        """
+        from .kv_cache import KVCache
+
+        return KVCache(self, batch_shape, max_len, dtype=dtype)
+
+    def decode_step(self, x_t, cache):
+        """Attend from one new position to itself and every earlier one, using ``cache``.
+
+        Appends the new key and value (one per K/V head) to ``cache``, then attends from the
+        new query to all ``L`` cached positions. Decoding T tokens one at a time gives the
+        rows of ``forward(x, mask=causal_mask(T))``, at O(d_model² + L·d_model) per step.
+
+        Parameters
+        ----------
+        x_t : ndarray of float, shape (..., 1, d_model)
+            The new position's input; ``...`` must be the cache's ``batch_shape``.
+        cache : KVCache
+            From this layer's :meth:`init_cache`; updated in place.
+
+        Returns
+        -------
+        out_t : ndarray, shape (..., 1, d_model)
+        weights_t : ndarray, shape (..., h, 1, L)
+            Every head's weights over the ``L = len(cache)`` positions, this one included.
+
+        Raises
+        ------
+        ValueError
+            If ``x_t`` holds more than one position, has the wrong width or batch axes, or is
+            not float; if ``cache`` is not a KVCache of this layer; or if it is full
+            (``max_len``). The cache is left unchanged.
+
+        Examples
+        --------
+        >>> mha = MultiHeadAttention(8, 2, rng=0)
+        >>> cache = mha.init_cache()
+        >>> for x_t in np.ones((3, 1, 8)):
+        ...     out_t, weights_t = mha.decode_step(x_t, cache)
+        >>> out_t.shape, weights_t.shape
+        ((1, 8), (2, 1, 3))
+        """
+        from .kv_cache import decode_step
+
+        return decode_step(self, x_t, cache)
+
     def backward(self, grad_out, cache) -> dict[str, np.ndarray]:
         """Gradients of a loss with respect to the inputs and every parameter.
 
