@@ -89,11 +89,6 @@ class ForwardCache:
         )
 
 
-def _n_kv_heads(layer) -> int:
-    """The layer's number of key/value heads g (``h`` for a layer without GQA)."""
-    return getattr(layer, "n_kv_heads", None) or layer.h
-
-
 def _checked_inputs(layer, x, context, mask):
     """The checks of ``MultiHeadAttention.forward``, with its messages.
 
@@ -132,7 +127,7 @@ def forward_with_cache(layer, x, context=None, mask=None):
     Parameters
     ----------
     layer : MultiHeadAttention
-        The layer whose parameters to use (``layer.n_kv_heads`` key/value heads if it has them).
+        The layer whose parameters to use (``layer.n_kv_heads`` key/value heads).
     x : ndarray of float, shape (..., T, d_model)
         The queries' input.
     context : ndarray of float, shape (..., S, d_model), optional
@@ -164,7 +159,7 @@ def forward_with_cache(layer, x, context=None, mask=None):
     """
     x, context, kv_input, m, batch, T, S = _checked_inputs(layer, x, context, mask)
     dtype = np.result_type(x, kv_input)
-    h, g, d_k = layer.h, _n_kv_heads(layer), layer.d_k
+    h, g, d_k = layer.h, layer.n_kv_heads, layer.d_k
     params = {
         name: p.astype(dtype, copy=False) for name, p in layer.parameters().items()
     }
@@ -332,9 +327,12 @@ def gradient_check(f, x, eps: float = 1e-6) -> float:
     For every element ``i`` of ``x``, the numerical derivative is
     ``num_i = (f(x + eps·e_i) - f(x - eps·e_i)) / (2·eps)`` and the relative error is
     ``|num_i - ana_i| / max(|num_i| + |ana_i|, tiny)`` (``tiny`` the smallest normal float64,
-    so two exact zeros count as agreement). A correct gradient gives about 1e-8 or less on
-    well-scaled float64 problems; a wrong one gives something near 1. Elements whose true
-    derivative is tiny (say below 1e-8) can show a large relative error from round-off alone.
+    so two exact zeros count as agreement). On float64 losses of size about 1, a correct
+    gradient gives about 1e-7 or less and a wrong one something near 1 (0.2 for a gradient
+    off by a factor 1.5). The step trades truncation error (about ``eps**2``) against
+    round-off (about ``1e-16 · |loss| / eps``, some 1e-10 absolute at ``eps = 1e-6``); so an
+    element whose true derivative is nearly 0 (say below 1e-4) can show a large relative
+    error even when it is right, and one that is exactly 0 by symmetry shows noise over noise.
 
     Parameters
     ----------
