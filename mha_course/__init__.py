@@ -6,6 +6,7 @@ equals the function here, and import it from then on.
 """
 
 from .attention import causal_mask, padding_mask, scaled_dot_product_attention
+from .backward import gradient_check
 from .cost import attention_flops, kv_cache_bytes, param_count
 from .kv_cache import KVCache
 from .multihead import MultiHeadAttention, merge_heads, split_heads
@@ -17,6 +18,7 @@ __all__ = [
     "MultiHeadAttention",
     "attention_flops",
     "causal_mask",
+    "gradient_check",
     "kv_cache_bytes",
     "log_softmax",
     "logsumexp",
