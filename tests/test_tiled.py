@@ -1,0 +1,414 @@
+"""``tiled_attention``: the online-softmax, tile-by-tile attention equals standard attention.
+
+Checked against the package's ``scaled_dot_product_attention`` and against torch's
+``F.scaled_dot_product_attention`` (float64 to 1e-12, float32 to 1e-5), for every block size
+that does or does not divide S, masks, causal (bottom-right aligned, as ``causal_mask``),
+T != S, batch axes, fully masked rows, huge scores; that it never allocates a (T, S) array;
+that causal skips the tiles above the diagonal; and that bad input gets the same messages as
+standard attention.
+"""
+
+from __future__ import annotations
+
+import re
+import tracemalloc
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import mha_course.tiled as tiled_module
+from mha_course import (
+    causal_mask,
+    padding_mask,
+    scaled_dot_product_attention,
+    tiled_attention,
+)
+
+TOL = {np.float64: 1e-12, np.float32: 1e-5}  # max abs difference from the reference
+# Every dimension different: B=2, h=3, T=11, S=13, d_k=4, d_v=6.
+B, H, T, S, D_K, D_V = 2, 3, 11, 13, 4, 6
+BLOCKS = [1, 3, 7, S, S + 4]  # 1, two that do not divide S, S itself, more than S
+
+
+def qkv(rng, T_=T, S_=S, lead=(B, H), dtype=np.float64, scale=1.0):
+    q = rng.normal(size=(*lead, T_, D_K)) * scale
+    k = rng.normal(size=(*lead, S_, D_K))
+    v = rng.normal(size=(*lead, S_, D_V))
+    return q.astype(dtype), k.astype(dtype), v.astype(dtype)
+
+
+def reference(q, k, v, mask=None, causal=False):
+    """Standard attention's output, with ``causal`` spelled as an explicit ``causal_mask``."""
+    if causal:
+        c = causal_mask(q.shape[-2], k.shape[-2])
+        mask = c if mask is None else mask & c
+    return scaled_dot_product_attention(q, k, v, mask=mask)[0]
+
+
+def max_abs_diff(a, b):
+    return float(np.max(np.abs(a - b))) if a.size else 0.0
+
+
+def masks(kind, rng, T_=T, S_=S):
+    """Masks of several shapes, each broadcastable to (B, h, T, S); no row fully masked."""
+    if kind == "none":
+        return None
+    if kind == "random":  # one per batch element and head
+        m = rng.random((B, H, T_, S_)) > 0.5
+        m[..., rng.integers(S_)] = True
+        return m
+    if kind == "padding":  # (B, 1, 1, S): lengths per batch element, the same for every head
+        return padding_mask([S_ - 4, S_ - 9], S_)[:, None]
+    if kind == "key_vector":  # (S,): one row of keys for every query
+        m = np.arange(S_) % 3 != 1
+        return m
+    raise AssertionError(kind)
+
+
+MASK_KINDS = ["none", "random", "padding", "key_vector"]
+
+
+# ------------------------------------------------------------------ parity with the package
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("kind", MASK_KINDS)
+@pytest.mark.parametrize("block_size", BLOCKS)
+@pytest.mark.parametrize(("T_", "S_"), [(T, S), (S, T), (S, S)], ids=["T<S", "T>S", "T=S"])
+def test_tiled_matches_standard_attention(rng, T_, S_, block_size, kind, causal, dtype):
+    q, k, v = qkv(rng, T_, S_, dtype=dtype)
+    mask = masks(kind, rng, T_, S_)
+    out = tiled_attention(q, k, v, mask=mask, causal=causal, block_size=block_size)
+    expected = reference(q, k, v, mask, causal)
+    assert out.shape == (B, H, T_, D_V)
+    assert out.dtype == dtype
+    assert max_abs_diff(out, expected) <= TOL[dtype]
+
+
+@pytest.mark.parametrize(
+    ("q_lead", "k_lead", "v_lead", "mask_shape"),
+    [
+        ((), (), (), None),  # unbatched
+        ((B, H), (1, H), (B, 1), None),  # k shared across the batch, v across heads
+        ((H,), (H,), (B, H), (B, 1, 1, S)),  # v and the mask carry a batch axis q and k lack
+        ((), (), (B,), (T, S)),  # one mask for the whole batch
+    ],
+    ids=["unbatched", "k_v_broadcast", "v_and_mask_batched", "mask_shared"],
+)
+def test_batch_axes_broadcast_as_in_standard_attention(rng, q_lead, k_lead, v_lead, mask_shape):
+    q = rng.normal(size=(*q_lead, T, D_K))
+    k = rng.normal(size=(*k_lead, S, D_K))
+    v = rng.normal(size=(*v_lead, S, D_V))
+    mask = None if mask_shape is None else rng.random(mask_shape) > 0.3
+    # The reference gets q and k broadcast to every batch axis (standard attention cannot yet
+    # apply a mask with batch axes that only v carries: it masks the (..., T, S) scores of q, k).
+    batch = np.broadcast_shapes(q_lead, k_lead, v_lead, () if mask is None else mask.shape[:-2])
+    q_full = np.broadcast_to(q, (*batch, T, D_K))
+    k_full = np.broadcast_to(k, (*batch, S, D_K))
+    for causal in (False, True):
+        out = tiled_attention(q, k, v, mask=mask, causal=causal, block_size=4)
+        expected = reference(q_full, k_full, v, mask, causal)
+        assert out.shape == expected.shape
+        assert max_abs_diff(out, expected) <= TOL[np.float64]
+
+
+def test_mixed_precision_promotes_like_standard_attention(rng):
+    q, k, v = qkv(rng, dtype=np.float32)
+    out = tiled_attention(q, k, v.astype(np.float64), block_size=4)
+    assert out.dtype == np.float64
+    assert max_abs_diff(out, reference(q, k, v.astype(np.float64))) <= TOL[np.float32]
+
+
+def test_inputs_are_not_modified(rng):
+    q, k, v = qkv(rng)
+    mask = masks("random", rng)
+    copies = [a.copy() for a in (q, k, v, mask)]
+    tiled_attention(q, k, v, mask=mask, causal=True, block_size=3)
+    for before, after in zip(copies, (q, k, v, mask), strict=True):
+        np.testing.assert_array_equal(before, after)
+
+
+@given(
+    T_=st.integers(1, 9),
+    S_=st.integers(1, 9),
+    block_size=st.integers(1, 11),
+    causal=st.booleans(),
+    masked=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_any_block_size_gives_standard_attention(T_, S_, block_size, causal, masked, seed):
+    rng = np.random.default_rng(seed)
+    q, k, v = qkv(rng, T_, S_, lead=(2,), scale=3.0)
+    mask = rng.random((2, T_, S_)) > 0.4 if masked else None  # rows may be fully masked
+    out = tiled_attention(q, k, v, mask=mask, causal=causal, block_size=block_size)
+    assert np.all(np.isfinite(out))
+    assert max_abs_diff(out, reference(q, k, v, mask, causal)) <= TOL[np.float64]
+
+
+# ---------------------------------------------------------------------- numerical extremes
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
+def test_fully_masked_rows_give_zero_not_nan(rng, dtype):
+    q, k, v = qkv(rng, dtype=dtype)
+    mask = rng.random((B, H, T, S)) > 0.5
+    mask[0, 1, 2] = False  # one query with no key at all
+    mask[1, :, 4, :8] = False  # masked in the first blocks, allowed later: m stays -inf, then not
+    mask[1, :, 4, 8:] = True
+    with np.errstate(all="raise"):  # no invalid operation (inf - inf) anywhere
+        out = tiled_attention(q, k, v, mask=mask, block_size=3)
+    assert np.all(out[0, 1, 2] == 0)
+    assert max_abs_diff(out, reference(q, k, v, mask)) <= TOL[dtype]
+
+
+def test_causal_queries_before_the_first_key_give_zero():
+    # T > S: query t sees keys s <= t + (S - T), so the first T - S queries see none.
+    rng = np.random.default_rng(1)
+    q, k, v = qkv(rng, T_=S, S_=T)  # T=13 queries, S=11 keys: queries 0 and 1 see nothing
+    out = tiled_attention(q, k, v, causal=True, block_size=1)
+    assert np.all(out[..., : S - T, :] == 0)
+    assert np.all(out[..., S - T :, :] != 0)
+
+
+def test_no_keys_gives_zero_output():
+    out = tiled_attention(np.ones((3, 4)), np.ones((0, 4)), np.ones((0, 6)))
+    assert out.shape == (3, 6) and np.all(out == 0)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
+@pytest.mark.parametrize("sign", [1.0, -1.0], ids=["positive", "negative"])
+def test_huge_scores_do_not_overflow(rng, dtype, sign):
+    # Scores of about ±1e4 (exp overflows past ~89 in float32, ~710 in float64); the largest
+    # keys come last, so the running max grows block after block and every rescale is used.
+    q = np.full((2, T, D_K), 60.0 * sign)
+    k = np.linspace(0.0, 100.0, S)[:, None] * np.ones(D_K) + rng.normal(size=(2, S, D_K))
+    v = rng.normal(size=(2, S, D_V))
+    q, k, v = q.astype(dtype), k.astype(dtype), v.astype(dtype)
+    with np.errstate(over="raise", invalid="raise"):
+        out = tiled_attention(q, k, v, block_size=3)
+    expected = reference(q, k, v)
+    assert np.all(np.isfinite(out))
+    assert np.abs(q[0] @ k[0].T).max() / np.sqrt(D_K) > 1e4  # the scores really are huge
+    assert max_abs_diff(out, expected) <= TOL[dtype]
+
+
+def test_float32_in_float32_out_for_every_path(rng):
+    q, k, v = qkv(rng, dtype=np.float32)
+    for mask in (None, masks("random", rng)):
+        for causal in (False, True):
+            out = tiled_attention(q, k, v, mask=mask, causal=causal, block_size=5)
+            assert out.dtype == np.float32
+
+
+# ------------------------------------------------------------------------------- memory
+def peak_traced_bytes(f) -> int:
+    """Peak memory traced during ``f()`` above what was traced at its start."""
+    tracemalloc.start()
+    try:
+        start = tracemalloc.get_traced_memory()[0]
+        f()
+        return tracemalloc.get_traced_memory()[1] - start
+    finally:
+        tracemalloc.stop()
+
+
+def test_never_allocates_a_T_by_S_array():
+    n, block = 2048, 128
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.normal(size=(1, n, 64)) for _ in range(3))  # one head, float64
+    t_by_s = n * n * 8  # bytes of one (T, S) float64 array: 32 MiB
+    peak = peak_traced_bytes(lambda: tiled_attention(q, k, v, causal=True, block_size=block))
+    # Holds q / √d_k, the output and one (block, block) tile: about 2.3 MiB here.
+    assert peak < t_by_s / 8, f"peak {peak / 2**20:.1f} MiB"
+    # The measurement does see NumPy arrays: standard attention holds at least the (T, S) weights.
+    assert peak_traced_bytes(lambda: scaled_dot_product_attention(q, k, v)) >= t_by_s
+
+
+def test_float32_input_computes_in_float32():
+    # A float64 temporary anywhere (e.g. NumPy 2 promoting by an np.float64 scalar) would show as
+    # float32 peak memory close to float64's instead of half of it.
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.normal(size=(2, 512, 64)) for _ in range(3))
+    peaks = {}
+    for dtype in (np.float64, np.float32):
+        args = [a.astype(dtype) for a in (q, k, v)]
+        peaks[dtype] = peak_traced_bytes(
+            lambda args=args: tiled_attention(*args, causal=True, block_size=128)
+        )
+    assert peaks[np.float32] <= 0.6 * peaks[np.float64], peaks
+
+
+def test_mask_is_sliced_not_expanded(rng):
+    # A (S,) key mask must not be broadcast to a full (B, h, T, S) array along the way.
+    n = 1024
+    q, k, v = qkv(rng, T_=n, S_=n, lead=(1,))
+    mask = np.arange(n) % 5 != 0
+    full = n * n  # bytes of one (T, S) bool array
+    peak = peak_traced_bytes(lambda: tiled_attention(q, k, v, mask=mask, block_size=64))
+    assert peak < full / 2, f"peak {peak / 2**20:.2f} MiB"
+
+
+# ------------------------------------------------------------------------- causal skipping
+def count_visited_tiles(monkeypatch, call) -> int:
+    """Run ``call`` while counting the (query block, key block) tiles the loop computes."""
+    visited = []
+    original = tiled_module._key_blocks
+
+    def counting(*args, **kwargs):
+        for s0, s1 in original(*args, **kwargs):
+            visited.append((s0, s1))
+            yield s0, s1
+
+    monkeypatch.setattr(tiled_module, "_key_blocks", counting)
+    call()
+    return len(visited)
+
+
+@pytest.mark.parametrize(
+    ("n_q_blocks", "n_k_blocks", "causal", "expected"),
+    [
+        (8, 8, False, 64),  # every tile
+        (8, 8, True, 36),  # 8 + 7 + ... + 1: the diagonal tiles and those below it
+        (2, 8, True, 15),  # T < S: the 2 query blocks are the last 2 of 8, seeing 7 and 8 blocks
+        (8, 2, True, 3),  # T > S: 6 query blocks see no key; the last 2 see 1 and 2 blocks
+    ],
+)
+def test_causal_skips_tiles_above_the_diagonal(
+    monkeypatch, rng, n_q_blocks, n_k_blocks, causal, expected
+):
+    block = 4
+    q, k, v = qkv(rng, T_=n_q_blocks * block, S_=n_k_blocks * block, lead=(2,))
+    result = {}
+
+    def call():
+        result["out"] = tiled_attention(q, k, v, causal=causal, block_size=block)
+
+    assert count_visited_tiles(monkeypatch, call) == expected
+    # ... and skipping changed nothing: the output is still standard attention's.
+    assert max_abs_diff(result["out"], reference(q, k, v, causal=causal)) <= TOL[np.float64]
+
+
+# ------------------------------------------------------------------------ parity with torch
+@pytest.mark.torch
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
+@pytest.mark.parametrize("kind", MASK_KINDS)
+@pytest.mark.parametrize("block_size", BLOCKS)
+@pytest.mark.parametrize(("T_", "S_"), [(T, S), (S, T)], ids=["T<S", "T>S"])
+def test_tiled_matches_torch_sdpa(torch, rng, T_, S_, block_size, kind, dtype):
+    q, k, v = qkv(rng, T_, S_, dtype=dtype)
+    mask = masks(kind, rng, T_, S_)
+    out = tiled_attention(q, k, v, mask=mask, block_size=block_size)
+    # torch's bool attn_mask means True = may attend, like ours; it needs at least (T, S).
+    t_mask = None
+    if mask is not None:
+        mask_2d = np.broadcast_to(mask, np.broadcast_shapes(mask.shape, (T_, S_)))
+        t_mask = torch.from_numpy(np.array(mask_2d))  # a writable copy
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        *(torch.from_numpy(a) for a in (q, k, v)), attn_mask=t_mask
+    )
+    assert max_abs_diff(out, expected.numpy()) <= TOL[dtype]
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
+@pytest.mark.parametrize("block_size", BLOCKS)
+@pytest.mark.parametrize(("T_", "S_"), [(S, S), (T, S)], ids=["T=S", "T<S"])
+def test_causal_matches_torch_sdpa(torch, rng, T_, S_, block_size, dtype):
+    q, k, v = qkv(rng, T_, S_, dtype=dtype)
+    out = tiled_attention(q, k, v, causal=True, block_size=block_size)
+    tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    if T_ == S_:
+        expected = sdpa(tq, tk, tv, is_causal=True)
+    else:
+        # torch's is_causal aligns the triangle top-left; ours (and causal_mask) bottom-right,
+        # so T != S goes through an explicit mask.
+        expected = sdpa(tq, tk, tv, attn_mask=torch.from_numpy(causal_mask(T_, S_)))
+    assert max_abs_diff(out, expected.numpy()) <= TOL[dtype]
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
+def test_huge_scores_match_torch(torch, rng, dtype):
+    q = np.full((2, T, D_K), 60.0)
+    k = np.linspace(0.0, 100.0, S)[:, None] * np.ones(D_K) + rng.normal(size=(2, S, D_K))
+    v = rng.normal(size=(2, S, D_V))
+    q, k, v = q.astype(dtype), k.astype(dtype), v.astype(dtype)
+    out = tiled_attention(q, k, v, block_size=3)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        *(torch.from_numpy(a) for a in (q, k, v))
+    )
+    assert max_abs_diff(out, expected.numpy()) <= TOL[dtype]
+
+
+# ------------------------------------------------------------------------------- errors
+z = np.zeros
+BAD_INPUTS = {
+    "k d_k": ((3, 8), (5, 6), (5, 6), None),
+    "q rank": ((4,), (5, 4), (5, 6), None),
+    "k rank": ((3, 4), (4,), (5, 6), None),
+    "v rank": ((3, 4), (5, 4), (6,), None),
+    "v S": ((3, 4), (5, 4), (6, 6), None),
+    "batch": ((2, 3, 4), (3, 5, 4), (3, 5, 6), None),
+    "mask not bool": ((3, 4), (5, 4), (5, 6), np.ones((3, 5))),
+    "mask transposed": ((2, 3, 4), (2, 5, 4), (2, 5, 6), np.ones((5, 3), dtype=bool)),
+    "mask extra batch": ((3, 4), (5, 4), (5, 6), np.ones((2, 3, 5), dtype=bool)),
+}
+
+
+def message_of(call) -> str:
+    with pytest.raises(ValueError) as info:
+        call()
+    return str(info.value)
+
+
+@pytest.mark.parametrize(("q", "k", "v", "mask"), BAD_INPUTS.values(), ids=list(BAD_INPUTS))
+def test_bad_shapes_get_standard_attentions_message(q, k, v, mask):
+    ours = message_of(lambda: tiled_attention(z(q), z(k), z(v), mask=mask))
+    standard = message_of(lambda: scaled_dot_product_attention(z(q), z(k), z(v), mask=mask))
+    assert ours == standard.replace("scaled_dot_product_attention:", "tiled_attention:", 1)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            (z((3, 8)), z((5, 6)), z((5, 6))),
+            "tiled_attention: k has shape (5, 6); expected (S, d_k) with d_k=8 (from q)",
+        ),
+        (
+            (z((3, 4), np.int64), z((5, 4)), z((5, 6))),
+            "tiled_attention: q has dtype int64; expected a real floating dtype "
+            "(float32 or float64)",
+        ),
+        (
+            (z((3, 4)), z((5, 4)), z((5, 6), np.complex64)),
+            "tiled_attention: v has dtype complex64; expected a real floating dtype "
+            "(float32 or float64)",
+        ),
+    ],
+    ids=["design_example", "q_int", "v_complex"],
+)
+def test_bad_input_message_exactly(args, message):
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        tiled_attention(*args)
+
+
+@pytest.mark.parametrize(
+    ("block_size", "message"),
+    [
+        (0, "tiled_attention: block_size=0 must be an integer >= 1"),
+        (-3, "tiled_attention: block_size=-3 must be an integer >= 1"),
+        (2.0, "tiled_attention: block_size=2.0 must be an integer >= 1"),
+        (True, "tiled_attention: block_size=True must be an integer >= 1"),
+        (None, "tiled_attention: block_size=None must be an integer >= 1"),
+    ],
+)
+def test_block_size_must_be_a_positive_integer(block_size, message):
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        tiled_attention(z((3, 4)), z((5, 4)), z((5, 6)), block_size=block_size)
+
+
+def test_numpy_integer_block_size_is_accepted(rng):
+    q, k, v = qkv(rng)
+    out = tiled_attention(q, k, v, block_size=np.int64(4))
+    assert max_abs_diff(out, reference(q, k, v)) <= TOL[np.float64]
