@@ -1,0 +1,245 @@
+"""Benchmark ``tiled_attention`` against standard attention and torch's causal SDPA.
+
+Run from the repository root (one thread unless ``--threads N``)::
+
+    .venv/bin/python benchmarks/tiled.py             # n = 2048 and 4096; a few minutes
+    .venv/bin/python benchmarks/tiled.py --quick     # n = 1024, two block sizes: a smoke run
+    .venv/bin/python benchmarks/tiled.py --cpu-time  # busy machine: CPU time, not wall time
+
+Shapes are those of ``MultiHeadAttention(d_model=512, h=8)`` after the projections: q, k, v
+of shape (8, n, 64), float32. From one run it prints the versions, the BLAS and thread counts,
+and:
+
+- tiled vs standard attention (``scaled_dot_product_attention``, which also returns the
+  (8, n, n) weights): time ratio and peak extra traced memory (tracemalloc) ratio;
+- causal tiled vs ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``;
+- a sweep of ``block_size`` from 64 to 1024, and which one is fastest;
+- the targets, each met or MISSED.
+
+Timing, memory measurement and the environment report come from ``benchmarks/attention.py``.
+Timings are the minimum over repeats: on a shared machine they are indicative, not exact.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import math
+import os
+import sys
+import time
+from functools import partial
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import attention as bench  # noqa: E402  (benchmarks/attention.py: timing, memory, environment)
+
+if __name__ == "__main__":
+    # Like benchmarks/attention.py: measure the BLAS kernel OpenBLAS picks for this CPU, not one
+    # forced by OPENBLAS_CORETYPE. Importing ``attention`` above already loaded NumPy, but the
+    # re-executed process starts afresh without the override variables.
+    bench.reexec_without_openblas_overrides(sys.argv[1:])
+
+import numpy as np  # noqa: E402
+from threadpoolctl import threadpool_limits  # noqa: E402
+
+import mha_course as mc  # noqa: E402
+
+torch = bench.torch  # None when torch is not installed
+
+H, D_K = 8, 64  # MultiHeadAttention(d_model=512, h=8): 8 heads of width 64
+BLOCKS = (64, 128, 256, 512, 1024)
+TARGETS = {"time": 1.1, "memory": 0.15, "causal": 1.0}
+DEFAULT_BLOCK = inspect.signature(mc.tiled_attention).parameters["block_size"].default
+
+
+def make_qkv(n: int, rng) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """q, k, v of shape (h, n, d_k) = (8, n, 64), float32, entries N(0, 1)."""
+    return tuple(rng.standard_normal((H, n, D_K), dtype=np.float32) for _ in range(3))
+
+
+def torch_causal(q, k, v):
+    """torch's SDPA with ``is_causal=True`` (T = S here, so its top-left triangle is ours)."""
+    qt, kt, vt = (torch.from_numpy(a) for a in (q, k, v))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def run():
+        with torch.inference_mode():
+            return sdpa(qt, kt, vt, is_causal=True)
+
+    return run
+
+
+def compare_with_standard(sizes, block, rng) -> dict:
+    """Tiled vs standard attention (no mask): time and peak extra memory, per n."""
+    print(
+        f"\n== tiled (block_size={block}) vs standard attention, no mask; ratio < 1 = tiled "
+        "better\n  standard = scaled_dot_product_attention, which returns out and the (8, n, n)"
+        " weights;\n  mem = peak extra traced memory of one call (its returned arrays included)"
+    )
+    print(
+        f"  {'n':>5} {'standard':>10} {'tiled':>10} {'time':>6} {'std mem':>10} "
+        f"{'tiled mem':>10} {'mem':>6} {'max|diff|':>9}"
+    )
+    rows = {}
+    for n in sizes:
+        q, k, v = make_qkv(n, rng)
+        funcs = {
+            "standard": partial(mc.scaled_dot_product_attention, q, k, v),
+            "tiled": partial(mc.tiled_attention, q, k, v, block_size=block),
+        }
+        diff = float(np.abs(funcs["tiled"]() - funcs["standard"]()[0]).max())
+        t = bench.best_times(funcs)
+        mem = {name: bench.peak_extra_bytes(f) for name, f in funcs.items()}
+        rows[n] = {"time": t["tiled"] / t["standard"], "mem": mem["tiled"] / mem["standard"]}
+        print(
+            f"  {n:>5} {t['standard'] * 1e3:>7.0f} ms {t['tiled'] * 1e3:>7.0f} ms "
+            f"{rows[n]['time']:>5.2f}x {mem['standard'] / 2**20:>6.1f} MiB "
+            f"{mem['tiled'] / 2**20:>6.1f} MiB {rows[n]['mem']:>5.1%} {diff:>9.1e}",
+            flush=True,
+        )
+    return rows
+
+
+def compare_causal(sizes, block, rng) -> dict:
+    """Causal tiled (skipping tiles above the diagonal) vs torch's causal SDPA and the package's
+    standard attention with a causal mask."""
+    print(
+        f"\n== causal: tiled (block_size={block}) vs torch F.scaled_dot_product_attention"
+        "(is_causal=True)\n  and vs standard attention with causal_mask(n); ratio < 1 = tiled"
+        " faster"
+    )
+    if torch is None:
+        print("  torch not installed: skipped")
+        return {}
+    print(
+        f"  {'n':>5} {'tiled':>10} {'torch':>10} {'/torch':>7} {'standard':>10} {'/std':>6} "
+        f"{'max|diff| torch':>15}"
+    )
+    rows = {}
+    for n in sizes:
+        q, k, v = make_qkv(n, rng)
+        mask = mc.causal_mask(n)
+        funcs = {
+            "tiled": partial(mc.tiled_attention, q, k, v, causal=True, block_size=block),
+            "torch": torch_causal(q, k, v),
+            "standard": partial(mc.scaled_dot_product_attention, q, k, v, mask),
+        }
+        diff = float(np.abs(funcs["tiled"]() - funcs["torch"]().numpy()).max())
+        t = bench.best_times(funcs)
+        rows[n] = t["tiled"] / t["torch"]
+        print(
+            f"  {n:>5} {t['tiled'] * 1e3:>7.0f} ms {t['torch'] * 1e3:>7.0f} ms {rows[n]:>6.2f}x "
+            f"{t['standard'] * 1e3:>7.0f} ms {t['tiled'] / t['standard']:>5.2f}x {diff:>15.1e}",
+            flush=True,
+        )
+    return rows
+
+
+def sweep_block_sizes(sizes, blocks, rng) -> dict:
+    """Time of tiled attention per block size (no mask and causal), relative to the fastest."""
+    print(
+        "\n== block_size sweep: tiled time per block size, no mask and causal\n"
+        "  (in each column, the time / the column's fastest time; 1.00 = fastest)"
+    )
+    columns = {}
+    for n in sizes:
+        q, k, v = make_qkv(n, rng)
+        for causal in (False, True):
+            funcs = {
+                b: partial(mc.tiled_attention, q, k, v, causal=causal, block_size=b)
+                for b in blocks
+            }
+            columns[(n, causal)] = bench.best_times(funcs)
+    labels = [f"n={n}{' causal' if c else ''}" for n, c in columns]
+    print(f"  {'block':>5} " + " ".join(f"{s:>17}" for s in labels) + f" {'geo. mean':>9}")
+    score = {}
+    for b in blocks:
+        rel = [t[b] / min(t.values()) for t in columns.values()]
+        score[b] = math.exp(sum(math.log(r) for r in rel) / len(rel))
+        cells = " ".join(
+            f"{t[b] * 1e3:>7.0f} ms {r:>5.2f}x" for t, r in zip(columns.values(), rel, strict=True)
+        )
+        print(f"  {b:>5} {cells} {score[b]:>8.2f}x")
+    best = min(score, key=score.get)
+    print(
+        f"  fastest overall (geometric mean of the relative times): block_size={best}; "
+        f"the default is {DEFAULT_BLOCK}"
+    )
+    for b in blocks:
+        tile = H * b * b * 4
+        print(
+            f"  block {b:>4}: one float32 score tile (8, {b}, {b}) = {tile / 2**20:6.2f} MiB, "
+            f"{math.ceil(max(sizes) / b) ** 2} tiles at n={max(sizes)}"
+        )
+    return score
+
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--threads", type=int, default=1, help="BLAS and torch threads (1)")
+    parser.add_argument("--quick", action="store_true", help="n = 1024, block sizes 128 and 256")
+    parser.add_argument("--keep-env", action="store_true", help="keep OPENBLAS_* variables")
+    parser.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time with time.process_time (for a busy shared machine; needs --threads 1)",
+    )
+    args = parser.parse_args(argv)
+    if args.cpu_time:
+        if args.threads != 1:
+            parser.error("--cpu-time sums the CPU time of all threads: use it with --threads 1")
+        bench.CLOCK.update(
+            name="CPU time of this process (time.process_time)", func=time.process_time
+        )
+    if torch is not None:
+        torch.set_num_threads(args.threads)
+    sizes = [1024] if args.quick else [2048, 4096]
+    blocks = (128, 256) if args.quick else BLOCKS
+    rng = np.random.default_rng(0)
+
+    with threadpool_limits(limits=args.threads, user_api="blas"):
+        print("== environment")
+        for line in bench.environment_lines(args.threads, args.keep_env):
+            print("  " + line)
+        print(f"  q, k, v: ({H}, n, {D_K}) float32 (d_model 512, h 8), entries N(0, 1)")
+        print(
+            f"  timing: {bench.CLOCK['name']}, minimum over >= {bench.MIN_RUNS} runs and >= "
+            f"{bench.MIN_SECONDS} s per contender, called round-robin"
+        )
+        standard = compare_with_standard(sizes, DEFAULT_BLOCK, rng)
+        causal = compare_causal(sizes, DEFAULT_BLOCK, rng)
+        score = sweep_block_sizes(sizes, blocks, rng)
+    print_targets(standard, causal, score, max(sizes), args.threads)
+    return 0
+
+
+def print_targets(standard: dict, causal: dict, score: dict, n_max: int, threads: int) -> None:
+    print(f"\n== targets ({threads} thread{'s' if threads > 1 else ''}, float32, "
+          f"block_size={DEFAULT_BLOCK})")
+    lines = []
+    for n, row in standard.items():
+        r = row["time"]
+        lines.append((f"time tiled / standard <= {TARGETS['time']}x, n={n}", f"{r:.2f}x",
+                      r <= TARGETS["time"]))
+    m = standard[n_max]["mem"]
+    lines.append((f"peak memory tiled / standard <= {TARGETS['memory']:.0%}, n={n_max}",
+                  f"{m:.1%}", m <= TARGETS["memory"]))
+    if n_max in causal:
+        r = causal[n_max]
+        lines.append((f"causal tiled / torch causal SDPA <= {TARGETS['causal']}x, n={n_max}",
+                      f"{r:.2f}x", r <= TARGETS["causal"]))
+    else:
+        lines.append((f"causal tiled / torch causal SDPA, n={n_max}", "no torch", False))
+    r = score[DEFAULT_BLOCK] if DEFAULT_BLOCK in score else float("nan")
+    lines.append(("default block_size within 5% of the fastest in the sweep",
+                  f"{r:.2f}x", r <= 1.05))
+    if n_max < 4096:
+        print("  (--quick: n = 1024 only; the targets are set for n = 2048 and 4096)")
+    for what, value, ok in lines:
+        print(f"  {what:<58} {value:>8}  {'met' if ok else 'MISSED'}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
