@@ -160,10 +160,9 @@ def forward_with_cache(layer, x, context=None, mask=None):
     x, context, kv_input, m, batch, T, S = _checked_inputs(layer, x, context, mask)
     dtype = np.result_type(x, kv_input)
     h, g, d_k = layer.h, layer.n_kv_heads, layer.d_k
-    params = {
-        name: p.astype(dtype, copy=False) for name, p in layer.parameters().items()
-    }
-    b = {name: params.get(name, 0.0) for name in ("b_q", "b_k", "b_v", "b_o")}
+    # The parameters in the inputs' dtype (float32 in, float32 out), kept for the backward pass.
+    params = {name: p.astype(dtype, copy=False) for name, p in layer.parameters().items()}
+    b = {name: params.get(name, 0.0) for name in ("b_q", "b_k", "b_v", "b_o")}  # 0: no bias
     # 1. Projections.
     q = x @ params["W_q"] + b["b_q"]  # (..., T, d_model) @ (d_model, h*d_k) -> (..., T, h*d_k)
     k = kv_input @ params["W_k"] + b["b_k"]  # (..., S, d_model) -> (..., S, g*d_k)
@@ -176,8 +175,8 @@ def forward_with_cache(layer, x, context=None, mask=None):
     k_rep = np.repeat(k_heads, h // g, axis=-3)  # (..., g, S, d_k) -> (..., h, S, d_k)
     v_rep = np.repeat(v_heads, h // g, axis=-3)  # (..., g, S, d_v) -> (..., h, S, d_v)
     # 4. Scores, scaled by 1/√d_k.
-    scores = q_heads @ np.swapaxes(k_rep, -1, -2)  # (..., h, T, d_k) @ (..., h, d_k, S)
-    scores = scores / math.sqrt(d_k)  # (..., h, T, S)
+    # (..., h, T, d_k) @ (..., h, d_k, S) -> (..., h, T, S)
+    scores = q_heads @ np.swapaxes(k_rep, -1, -2) / math.sqrt(d_k)
     # 5. Softmax over the keys; masked keys get weight 0, a fully masked row all 0.
     weights = softmax(scores, axis=-1, mask=m)  # (..., h, T, S)
     # 6. Weighted sum of the values.
@@ -185,7 +184,8 @@ def forward_with_cache(layer, x, context=None, mask=None):
     # 7. Merge heads.
     concat = merge_heads(heads)  # (..., h, T, d_v) -> (..., T, h*d_v)
     # 8. Output projection.
-    out = concat @ params["W_o"] + b["b_o"]  # (..., T, h*d_v) @ (h*d_v, d_model)
+    # (..., T, h*d_v) @ (h*d_v, d_model) -> (..., T, d_model)
+    out = concat @ params["W_o"] + b["b_o"]
     cache = ForwardCache(
         layer, x, context, m, q_heads, k_heads, v_heads, weights, concat, params, dtype
     )
@@ -265,57 +265,65 @@ def backward(layer, grad_out, cache) -> dict[str, np.ndarray]:
             f"grad_out has shape {_fmt_shape(grad_out.shape)}; expected (..., T, d_model) = "
             f"{_fmt_shape(cache.out_shape)}, the shape of the output",
         )
-    dtype, P = cache.dtype, cache.params
+    P = cache.params  # the parameters as the forward pass used them
     h, g, d_k = layer.h, cache.k.shape[-3], layer.d_k
-    d_out = grad_out.astype(dtype, copy=False)  # (..., T, d_model)
+    *lead, _, T, S = cache.weights.shape  # batch axes (of x and context broadcast), h, T, S
+    d_v = cache.v.shape[-1]
+    dout = grad_out.astype(cache.dtype, copy=False)  # (..., T, d_model)
     k_rep = np.repeat(cache.k, h // g, axis=-3)  # (..., g, S, d_k) -> (..., h, S, d_k)
     v_rep = np.repeat(cache.v, h // g, axis=-3)  # (..., g, S, d_v) -> (..., h, S, d_v)
-    W = cache.weights  # (..., h, T, S)
+    weights = cache.weights  # (..., h, T, S)
     grads = {}
 
-    # 8. Output projection out = concat @ W_o + b_o.
-    grads["W_o"] = _param_grad(cache.concat, d_out)  # (h*d_v, d_model)
-    grads["b_o"] = d_out.reshape(-1, d_out.shape[-1]).sum(axis=0)  # (d_model,)
-    d_concat = d_out @ P["W_o"].T  # (..., T, d_model) @ (d_model, h*d_v) -> (..., T, h*d_v)
-    # 7. Merge heads is a reshape: its backward is the inverse reshape.
-    d_heads = split_heads(d_concat, h)  # (..., T, h*d_v) -> (..., h, T, d_v)
-    # 6. Weighted sum heads = weights @ v_rep.
-    d_weights = d_heads @ np.swapaxes(v_rep, -1, -2)  # (..., h, T, d_v) @ (..., h, d_v, S)
-    d_v_rep = np.swapaxes(W, -1, -2) @ d_heads  # (..., h, S, T) @ (..., h, T, d_v)
-    # 5. Softmax: dS = W * (dW - Σ_s dW·W), the Jacobian diag(W) - W Wᵀ applied row by row.
-    #    Masked keys and fully masked rows have W = 0, so their dS is exactly 0.
-    row_dot = np.sum(d_weights * W, axis=-1, keepdims=True)  # (..., h, T, 1)
-    d_scores = W * (d_weights - row_dot)  # (..., h, T, S)
-    # 4. Scale and scores: scores = q k_repᵀ / √d_k.
-    d_scores = d_scores / math.sqrt(d_k)  # (..., h, T, S)
-    d_q_heads = d_scores @ k_rep  # (..., h, T, S) @ (..., h, S, d_k) -> (..., h, T, d_k)
-    d_k_rep = np.swapaxes(d_scores, -1, -2) @ cache.q  # (..., h, S, T) @ (..., h, T, d_k)
+    # 8. Output projection, out = concat @ W_o + b_o.
+    grads["W_o"] = _param_grad(cache.concat, dout)  # (h*d_v, d_model)
+    grads["b_o"] = dout.reshape(-1, dout.shape[-1]).sum(axis=0)  # (d_model,)
+    dconcat = dout @ P["W_o"].T  # (..., T, d_model) @ (d_model, h*d_v) -> (..., T, h*d_v)
+    # 7. Merge heads is only a reshape: its backward is the inverse reshape.
+    dheads = split_heads(dconcat, h)  # (..., T, h*d_v) -> (..., h, T, d_v)
+    # 6. Weighted sum, heads = weights @ v_rep.
+    # (..., h, T, d_v) @ (..., h, d_v, S) -> (..., h, T, S)
+    dweights = dheads @ np.swapaxes(v_rep, -1, -2)
+    # (..., h, S, T) @ (..., h, T, d_v) -> (..., h, S, d_v)
+    dv_rep = np.swapaxes(weights, -1, -2) @ dheads
+    # 5. Softmax. Its Jacobian for one row is diag(w) - w wᵀ, so, row by row,
+    #    dscores = weights * (dweights - Σ_s dweights·weights).
+    #    Masked keys and fully masked rows have weight 0, so their dscores is exactly 0.
+    row_dot = np.sum(dweights * weights, axis=-1, keepdims=True)  # (..., h, T, 1)
+    dscores = weights * (dweights - row_dot)  # (..., h, T, S)
+    # 4. Scores, scores = q_heads @ k_repᵀ / √d_k: the scale first, then the product.
+    dscores = dscores / math.sqrt(d_k)  # (..., h, T, S)
+    dq_heads = dscores @ k_rep  # (..., h, T, S) @ (..., h, S, d_k) -> (..., h, T, d_k)
+    # (..., h, S, T) @ (..., h, T, d_k) -> (..., h, S, d_k)
+    dk_rep = np.swapaxes(dscores, -1, -2) @ cache.q
     # 3. Shared key/value heads: the h // g query heads of a group add into their one K/V head.
-    *lead, _, S, d_v = d_v_rep.shape
-    d_k_heads = d_k_rep.reshape(*lead, g, h // g, S, d_k).sum(axis=-3)  # (..., g, S, d_k)
-    d_v_heads = d_v_rep.reshape(*lead, g, h // g, S, d_v).sum(axis=-3)  # (..., g, S, d_v)
-    # 2. Split heads: undo with merge_heads.
-    d_q = merge_heads(d_q_heads)  # (..., h, T, d_k) -> (..., T, h*d_k)
-    d_k = merge_heads(d_k_heads)  # (..., g, S, d_k) -> (..., S, g*d_k)
-    d_v = merge_heads(d_v_heads)  # (..., g, S, d_v) -> (..., S, g*d_v)
-    # 1. Projections q = x @ W_q + b_q, k = context @ W_k + b_k, v = context @ W_v + b_v.
+    # (..., h, S, d_k) -> (..., g, h // g, S, d_k) -> (..., g, S, d_k)
+    dk_heads = dk_rep.reshape(*lead, g, h // g, S, d_k).sum(axis=-3)
+    # (..., h, S, d_v) -> (..., g, h // g, S, d_v) -> (..., g, S, d_v)
+    dv_heads = dv_rep.reshape(*lead, g, h // g, S, d_v).sum(axis=-3)
+    # 2. Split heads, undone by merge_heads.
+    dq = merge_heads(dq_heads)  # (..., h, T, d_k) -> (..., T, h*d_k)
+    dk = merge_heads(dk_heads)  # (..., g, S, d_k) -> (..., S, g*d_k)
+    dv = merge_heads(dv_heads)  # (..., g, S, d_v) -> (..., S, g*d_v)
+    # 1. Projections, q = x @ W_q + b_q, k = context @ W_k + b_k, v = context @ W_v + b_v.
     kv_input = cache.x if cache.context is None else cache.context  # (..., S, d_model)
-    grads["W_q"] = _param_grad(cache.x, d_q)  # (d_model, h*d_k)
-    grads["W_k"] = _param_grad(kv_input, d_k)  # (d_model, g*d_k)
-    grads["W_v"] = _param_grad(kv_input, d_v)  # (d_model, g*d_v)
-    grads["b_q"] = d_q.reshape(-1, d_q.shape[-1]).sum(axis=0)  # (h*d_k,)
-    grads["b_k"] = d_k.reshape(-1, d_k.shape[-1]).sum(axis=0)  # (g*d_k,)
-    grads["b_v"] = d_v.reshape(-1, d_v.shape[-1]).sum(axis=0)  # (g*d_v,)
-    d_x = d_q @ P["W_q"].T  # (..., T, h*d_k) @ (h*d_k, d_model) -> (..., T, d_model)
-    d_kv = d_k @ P["W_k"].T + d_v @ P["W_v"].T  # (..., S, d_model)
-    # Broadcast batch axes (e.g. one context for a batch of x) sum back to the input's shape.
-    d_x = _sum_to_shape(d_x, cache.x.shape)  # (..., T, d_model), x's own batch axes
-    d_kv = _sum_to_shape(d_kv, kv_input.shape)  # (..., S, d_model)
+    grads["W_q"] = _param_grad(cache.x, dq)  # (d_model, h*d_k)
+    grads["W_k"] = _param_grad(kv_input, dk)  # (d_model, g*d_k)
+    grads["W_v"] = _param_grad(kv_input, dv)  # (d_model, g*d_v)
+    grads["b_q"] = dq.reshape(-1, dq.shape[-1]).sum(axis=0)  # (h*d_k,)
+    grads["b_k"] = dk.reshape(-1, dk.shape[-1]).sum(axis=0)  # (g*d_k,)
+    grads["b_v"] = dv.reshape(-1, dv.shape[-1]).sum(axis=0)  # (g*d_v,)
+    dx = dq @ P["W_q"].T  # (..., T, h*d_k) @ (h*d_k, d_model) -> (..., T, d_model)
+    # (..., S, g*d_k) @ (g*d_k, d_model) + (..., S, g*d_v) @ (g*d_v, d_model) -> (..., S, d_model)
+    dkv = dk @ P["W_k"].T + dv @ P["W_v"].T
+    # Batch axes that were broadcast (e.g. one context for a batch of x) sum back.
+    dx = _sum_to_shape(dx, cache.x.shape)  # (..., T, d_model) with x's own batch axes
+    dkv = _sum_to_shape(dkv, kv_input.shape)  # (..., S, d_model) with its own batch axes
     if cache.context is None:
         # Self-attention: x fed the queries, the keys and the values; the three paths add up.
-        result = {"x": d_x + d_kv}
+        result = {"x": dx + dkv}  # (..., T, d_model)
     else:
-        result = {"x": d_x, "context": d_kv}
+        result = {"x": dx, "context": dkv}
     names = ["W_q", "W_k", "W_v", "W_o"] + (["b_q", "b_k", "b_v", "b_o"] if layer.bias else [])
     result.update((name, grads[name]) for name in names)
     return result
@@ -372,7 +380,7 @@ def gradient_check(f, x, eps: float = 1e-6) -> float:
             f"x has dtype {x.dtype}; expected float64 (central differences lose every "
             "digit to round-off in float32)",
         )
-    if not (isinstance(eps, (int, float, np.floating)) and eps > 0):
+    if isinstance(eps, bool) or not (isinstance(eps, (int, float, np.floating)) and eps > 0):
         raise fail(func, f"eps={eps!r} must be a positive number")
     x = np.array(x, dtype=np.float64, copy=True)  # our own copy: the caller's x stays as it is
     _, analytic = f(x.copy())
