@@ -134,8 +134,9 @@ def _group_heads(x: np.ndarray, g: int) -> np.ndarray:
     """(..., h, T, d) -> (..., g, h/g, T, d): query heads ``j*h/g`` to ``(j+1)*h/g - 1`` share
     key/value head ``j``.
 
-    A view when ``x`` allows it (split_heads views do); matmul against K/V heads of shape
-    (..., g, 1, S, d) then broadcasts each K/V head over its group without repeating it.
+    Always a view (splitting one axis never needs a copy), so ``forward`` can write its heads
+    through it; matmul against K/V heads of shape (..., g, 1, S, d) then broadcasts each K/V
+    head over its group without repeating it.
     """
     *lead, h, T, d = x.shape
     return x.reshape(*lead, g, h // g, T, d)
@@ -477,7 +478,8 @@ class MultiHeadAttention:
         Raises
         ------
         ValueError
-            If ``batch_shape`` or ``max_len`` is not made of non-negative / positive integers.
+            If ``batch_shape`` is not a tuple of non-negative integers, ``max_len`` is not a
+            positive integer, or ``dtype`` is not a floating dtype.
 
         Examples
         --------
