@@ -15,7 +15,8 @@ per-head widths; ``...`` any leading batch axes. Query head ``i`` reads key/valu
 ``i // (h // g)``, as ``torch``'s ``scaled_dot_product_attention(..., enable_gqa=True)``.
 
 Conventions: ``q = x @ W_q + b_q`` (inputs multiply from the left), masks say ``True`` = may
-attend, and a fully masked query row has weights 0, output ``b_o`` and gradient 0 (never NaN).
+attend, and a fully masked query row has weights 0, output ``b_o`` and no gradient through its
+query (0, never NaN); masked keys get no gradient through their key or value.
 """
 
 from __future__ import annotations
@@ -231,8 +232,8 @@ def backward(layer, grad_out, cache) -> dict[str, np.ndarray]:
         ``"x"`` (..., T, d_model); ``"context"`` (..., S, d_model) for cross-attention only
         (for self-attention the key and value paths flow into ``"x"``); ``"W_q"``, ``"W_k"``,
         ``"W_v"``, ``"W_o"`` and, with biases, ``"b_q"``, ``"b_k"``, ``"b_v"``, ``"b_o"``, each
-        shaped like its parameter and summed over the batch axes. Masked keys and fully masked
-        query rows get gradient 0.
+        shaped like its parameter and summed over the batch axes. Nothing flows through a
+        masked key or a fully masked query row (0 there, never NaN).
 
     Raises
     ------
