@@ -16,7 +16,7 @@ help:
 	@echo "make test   set up .venv with the test extras and run every test"
 	@echo "make check EX=03   check your exercises/03_*.ipynb against the solutions"
 	@echo "make exercises     regenerate exercises/ from solutions/"
-	@echo "make bench         run the attention benchmark (needs the reference extra)"
+	@echo "make bench         run the benchmarks (needs the reference extra; ARGS=--quick)"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -57,8 +57,12 @@ check: $(VENV)/.installed-test
 assign: $(VENV)/.installed
 	$(BIN)/python -m mha_course assign $(IDS) -o $(or $(OUT),$(error pass OUT=file.ipynb))
 
+# Benchmarks print ratios measured in one run; they are not tests. Needs the reference extra.
 bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/attention.py $(ARGS)
+	$(BIN)/python benchmarks/tiled.py $(ARGS)
+	$(BIN)/python benchmarks/kv_cache.py $(ARGS)
+	$(BIN)/python benchmarks/explorer_redraw.py
 
 clean-venv:
 	rm -rf $(VENV)
