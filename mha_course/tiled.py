@@ -23,7 +23,7 @@ import numpy as np
 from ._checks import as_float_array, check_mask, check_positive_int, check_shape, fail
 
 
-def tiled_attention(q, k, v, *, mask=None, causal=False, block_size=128) -> np.ndarray:
+def tiled_attention(q, k, v, *, mask=None, causal=False, block_size=256) -> np.ndarray:
     """``softmax(q kᵀ / √d_k) v`` one (block × block) tile at a time, never the (T, S) matrix.
 
     The algorithm (the online softmax of Milakov & Gimelshein 2018, tiled as in FlashAttention,
@@ -60,9 +60,11 @@ def tiled_attention(q, k, v, *, mask=None, causal=False, block_size=128) -> np.n
         Also hide the future: query ``t`` may attend to key ``s`` iff ``s <= t + (S - T)``
         (the queries are the *last* ``T`` of ``S`` positions, as :func:`mha_course.causal_mask`
         aligns them). Combined with ``mask`` by logical and.
-    block_size : int, default 128
+    block_size : int, default 256
         Queries and keys per tile. Any value >= 1 gives the same output; it trades Python loop
-        overhead (small blocks) against memory and cache misses (large blocks).
+        overhead (small blocks: many tiles) against memory and cache misses (large blocks).
+        ``benchmarks/tiled.py`` measured 256 fastest for (8, n, 64) float32 at n = 2048 and
+        4096 (one (8, 256, 256) tile is 2 MiB, 256 KiB per head, within a core's L2 cache).
 
     Returns
     -------
