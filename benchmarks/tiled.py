@@ -27,6 +27,7 @@ import inspect
 import math
 import os
 import sys
+import textwrap
 import time
 from functools import partial
 
@@ -44,6 +45,7 @@ import numpy as np  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 
 import mha_course as mc  # noqa: E402
+import mha_course.tiled as tiled_module  # noqa: E402
 
 torch = bench.torch  # None when torch is not installed
 
@@ -58,16 +60,35 @@ def make_qkv(n: int, rng) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return tuple(rng.standard_normal((H, n, D_K), dtype=np.float32) for _ in range(3))
 
 
-def torch_causal(q, k, v):
-    """torch's SDPA with ``is_causal=True`` (T = S here, so its top-left triangle is ours)."""
-    qt, kt, vt = (torch.from_numpy(a) for a in (q, k, v))
+def torch_sdpa(q, k, v, causal: bool, fused: bool):
+    """torch's ``F.scaled_dot_product_attention`` on the same arrays, as a zero-argument call.
+
+    ``fused=True`` passes 4-D tensors (1, h, n, d_k): torch then runs its fused CPU flash
+    kernel, which never holds the (n, n) matrix and, when causal, also skips the blocks above
+    the diagonal. With ``fused=False`` the tensors stay 3-D (h, n, d_k), for which torch 2.x
+    finds no fused kernel ("All fused kernels requires query, key and value to be 4
+    dimensional") and falls back to its math path: the full (h, n, n) scores, masked.
+    ``is_causal`` aligns the triangle top-left, the same as ours for T = S.
+    """
+    lead = (1,) if fused else ()
+    qt, kt, vt = (torch.from_numpy(a).reshape(*lead, *a.shape) for a in (q, k, v))
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
     def run():
         with torch.inference_mode():
-            return sdpa(qt, kt, vt, is_causal=True)
+            return sdpa(qt, kt, vt, is_causal=causal).reshape(q.shape[:-1] + v.shape[-1:])
 
+    run.backend = torch_backend(qt, kt, vt, causal)
     return run
+
+
+def torch_backend(qt, kt, vt, causal: bool) -> str:
+    """The SDPA kernel torch picks for these tensors (a private torch API: '?' if it moved)."""
+    try:
+        choice = torch._fused_sdp_choice(qt, kt, vt, is_causal=causal)
+        return torch.nn.attention.SDPBackend(choice).name.lower()
+    except Exception:  # noqa: BLE001 - only a label; the timing does not depend on it
+        return "?"
 
 
 def compare_with_standard(sizes, block, rng) -> dict:
@@ -75,11 +96,12 @@ def compare_with_standard(sizes, block, rng) -> dict:
     print(
         f"\n== tiled (block_size={block}) vs standard attention, no mask; ratio < 1 = tiled "
         "better\n  standard = scaled_dot_product_attention, which returns out and the (8, n, n)"
-        " weights;\n  mem = peak extra traced memory of one call (its returned arrays included)"
+        " weights;\n  mem = peak extra traced memory of one call (its returned arrays included);"
+        "\n  /torch = tiled time / torch's fused SDPA kernel (context, not a target)"
     )
     print(
         f"  {'n':>5} {'standard':>10} {'tiled':>10} {'time':>6} {'std mem':>10} "
-        f"{'tiled mem':>10} {'mem':>6} {'max|diff|':>9}"
+        f"{'tiled mem':>10} {'mem':>6} {'max|diff|':>9} {'/torch':>7}"
     )
     rows = {}
     for n in sizes:
@@ -88,49 +110,76 @@ def compare_with_standard(sizes, block, rng) -> dict:
             "standard": partial(mc.scaled_dot_product_attention, q, k, v),
             "tiled": partial(mc.tiled_attention, q, k, v, block_size=block),
         }
+        if torch is not None:
+            funcs["torch"] = torch_sdpa(q, k, v, causal=False, fused=True)
         diff = float(np.abs(funcs["tiled"]() - funcs["standard"]()[0]).max())
         t = bench.best_times(funcs)
-        mem = {name: bench.peak_extra_bytes(f) for name, f in funcs.items()}
+        mem = {name: bench.peak_extra_bytes(funcs[name]) for name in ("standard", "tiled")}
         rows[n] = {"time": t["tiled"] / t["standard"], "mem": mem["tiled"] / mem["standard"]}
+        vs_torch = f"{t['tiled'] / t['torch']:.2f}x" if "torch" in t else "-"
         print(
             f"  {n:>5} {t['standard'] * 1e3:>7.0f} ms {t['tiled'] * 1e3:>7.0f} ms "
             f"{rows[n]['time']:>5.2f}x {mem['standard'] / 2**20:>6.1f} MiB "
-            f"{mem['tiled'] / 2**20:>6.1f} MiB {rows[n]['mem']:>5.1%} {diff:>9.1e}",
+            f"{mem['tiled'] / 2**20:>6.1f} MiB {rows[n]['mem']:>5.1%} {diff:>9.1e} "
+            f"{vs_torch:>7}",
             flush=True,
         )
     return rows
 
 
 def compare_causal(sizes, block, rng) -> dict:
-    """Causal tiled (skipping tiles above the diagonal) vs torch's causal SDPA and the package's
-    standard attention with a causal mask."""
+    """Causal tiled (skipping tiles above the diagonal) vs torch's causal SDPA, both its fused
+    kernel and its math fallback, and vs the package's standard attention with a causal mask."""
     print(
         f"\n== causal: tiled (block_size={block}) vs torch F.scaled_dot_product_attention"
         "(is_causal=True)\n  and vs standard attention with causal_mask(n); ratio < 1 = tiled"
-        " faster"
+        " faster\n  fused = torch on 4-D (1, 8, n, 64) tensors; math = on 3-D (8, n, 64);\n"
+        "  matmul floor = the tiles tiled visits x the time of one tile's q·kᵀ and p·v matmuls\n"
+        "  in NumPy's BLAS: the least tiled could take with free softmax work and no Python"
     )
     if torch is None:
         print("  torch not installed: skipped")
         return {}
-    print(
-        f"  {'n':>5} {'tiled':>10} {'torch':>10} {'/torch':>7} {'standard':>10} {'/std':>6} "
-        f"{'max|diff| torch':>15}"
-    )
     rows = {}
     for n in sizes:
         q, k, v = make_qkv(n, rng)
         mask = mc.causal_mask(n)
         funcs = {
             "tiled": partial(mc.tiled_attention, q, k, v, causal=True, block_size=block),
-            "torch": torch_causal(q, k, v),
+            "fused": torch_sdpa(q, k, v, causal=True, fused=True),
+            "math": torch_sdpa(q, k, v, causal=True, fused=False),
             "standard": partial(mc.scaled_dot_product_attention, q, k, v, mask),
         }
-        diff = float(np.abs(funcs["tiled"]() - funcs["torch"]().numpy()).max())
+        # The matmul floor: the two products of one (8, block, block) tile, timed alone in the
+        # same round-robin, times the number of tiles the causal walk visits.
+        b = min(block, n)
+        qb, kTb, vb = q[:, :b], np.swapaxes(k[:, :b], -1, -2), v[:, :b]
+        pb = rng.random((H, b, b), dtype=np.float32)
+        funcs.update(qk_tile=lambda qb=qb, kTb=kTb: qb @ kTb, pv_tile=lambda pb=pb, vb=vb: pb @ vb)
+        tiles = sum(
+            len(list(tiled_module._key_blocks(t0, min(t0 + b, n), n, n, b, True)))
+            for t0 in range(0, n, b)
+        )
+        if n == sizes[0]:
+            print(
+                f"  torch kernels picked: fused -> {funcs['fused'].backend}, "
+                f"math -> {funcs['math'].backend}"
+            )
+            print(
+                f"  {'n':>5} {'tiled':>10} {'fused':>10} {'/fused':>7} {'math':>10} {'/math':>6} "
+                f"{'standard':>10} {'/std':>6} {'max|diff| fused':>15} {'matmul floor':>12} "
+                f"{'/fused':>6}"
+            )
+        diff = float(np.abs(funcs["tiled"]() - funcs["fused"]().numpy()).max())
         t = bench.best_times(funcs)
-        rows[n] = t["tiled"] / t["torch"]
+        rows[n] = {name: t["tiled"] / t[name] for name in ("fused", "math", "standard")}
+        floor = tiles * (t["qk_tile"] + t["pv_tile"])
+        rows[n].update(floor_ms=floor * 1e3, floor=floor / t["fused"], tiles=tiles)
         print(
-            f"  {n:>5} {t['tiled'] * 1e3:>7.0f} ms {t['torch'] * 1e3:>7.0f} ms {rows[n]:>6.2f}x "
-            f"{t['standard'] * 1e3:>7.0f} ms {t['tiled'] / t['standard']:>5.2f}x {diff:>15.1e}",
+            f"  {n:>5} {t['tiled'] * 1e3:>7.0f} ms {t['fused'] * 1e3:>7.0f} ms "
+            f"{rows[n]['fused']:>6.2f}x {t['math'] * 1e3:>7.0f} ms {rows[n]['math']:>5.2f}x "
+            f"{t['standard'] * 1e3:>7.0f} ms {rows[n]['standard']:>5.2f}x {diff:>15.1e} "
+            f"{floor * 1e3:>9.0f} ms {rows[n]['floor']:>5.2f}x",
             flush=True,
         )
     return rows
@@ -161,10 +210,11 @@ def sweep_block_sizes(sizes, blocks, rng) -> dict:
             f"{t[b] * 1e3:>7.0f} ms {r:>5.2f}x" for t, r in zip(columns.values(), rel, strict=True)
         )
         print(f"  {b:>5} {cells} {score[b]:>8.2f}x")
-    best = min(score, key=score.get)
+    # Within 2% counts as a tie (timing noise); a tie goes to the smaller block (less memory).
+    best = min(b for b in blocks if score[b] <= 1.02 * min(score.values()))
     print(
-        f"  fastest overall (geometric mean of the relative times): block_size={best}; "
-        f"the default is {DEFAULT_BLOCK}"
+        f"  fastest overall (geometric mean of the relative times; within 2% is a tie, won by "
+        f"the smaller block): block_size={best}; the default is {DEFAULT_BLOCK}"
     )
     for b in blocks:
         tile = H * b * b * 4
@@ -216,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_targets(standard: dict, causal: dict, score: dict, n_max: int, threads: int) -> None:
+    notes = []
     print(f"\n== targets ({threads} thread{'s' if threads > 1 else ''}, float32, "
           f"block_size={DEFAULT_BLOCK})")
     lines = []
@@ -227,11 +278,22 @@ def print_targets(standard: dict, causal: dict, score: dict, n_max: int, threads
     lines.append((f"peak memory tiled / standard <= {TARGETS['memory']:.0%}, n={n_max}",
                   f"{m:.1%}", m <= TARGETS["memory"]))
     if n_max in causal:
-        r = causal[n_max]
-        lines.append((f"causal tiled / torch causal SDPA <= {TARGETS['causal']}x, n={n_max}",
-                      f"{r:.2f}x", r <= TARGETS["causal"]))
+        for name in ("fused", "math"):
+            r = causal[n_max][name]
+            lines.append((f"causal tiled / torch causal SDPA ({name}) <= {TARGETS['causal']}x, "
+                          f"n={n_max}", f"{r:.2f}x", r <= TARGETS["causal"]))
     else:
         lines.append((f"causal tiled / torch causal SDPA, n={n_max}", "no torch", False))
+    if n_max in causal and causal[n_max]["fused"] > TARGETS["causal"]:
+        row = causal[n_max]
+        notes.append(
+            f"causal vs torch's fused kernel: torch's CPU flash kernel also skips the tiles above "
+            f"the diagonal, and the {row['tiles']} tiles' matmuls alone take "
+            f"{row['floor_ms']:.0f} ms in NumPy's BLAS here = {row['floor']:.2f}x torch's whole "
+            "time; the softmax passes (max, subtract, exp, sum) then come on top, each a separate "
+            "NumPy call over the tile where torch's kernel fuses them. The target's premise "
+            "(torch computes the masked half) holds for its math path only"
+        )
     r = score[DEFAULT_BLOCK] if DEFAULT_BLOCK in score else float("nan")
     lines.append(("default block_size within 5% of the fastest in the sweep",
                   f"{r:.2f}x", r <= 1.05))
@@ -239,6 +301,9 @@ def print_targets(standard: dict, causal: dict, score: dict, n_max: int, threads
         print("  (--quick: n = 1024 only; the targets are set for n = 2048 and 4096)")
     for what, value, ok in lines:
         print(f"  {what:<58} {value:>8}  {'met' if ok else 'MISSED'}")
+    for note in notes:
+        print("\n" + textwrap.fill(note, 96, initial_indent="  why MISSED: ",
+                                    subsequent_indent="    "))
 
 
 if __name__ == "__main__":

@@ -26,8 +26,9 @@ from ._checks import as_float_array, check_mask, check_positive_int, check_shape
 def tiled_attention(q, k, v, *, mask=None, causal=False, block_size=256) -> np.ndarray:
     """``softmax(q kᵀ / √d_k) v`` one (block × block) tile at a time, never the (T, S) matrix.
 
-    The algorithm (the online softmax of Milakov & Gimelshein 2018, tiled as in FlashAttention,
-    Dao et al. 2022). For one query ``t`` with scores ``x_s = q_t·k_s / √d_k``, the output is
+    The algorithm is the online softmax of Milakov & Gimelshein (2018), tiled as in
+    FlashAttention (Dao et al., 2022). For one query ``t`` with scores ``x_s = q_t·k_s / √d_k``,
+    the output is::
 
         out_t = Σ_s exp(x_s - m) v_s / Σ_s exp(x_s - m),   m = max_s x_s
 
@@ -41,9 +42,11 @@ def tiled_attention(q, k, v, *, mask=None, causal=False, block_size=256) -> np.n
     standard attention up to rounding, for any block size.
 
     The queries are walked in blocks too, so the largest temporary is a (..., block, block)
-    tile of scores. With ``causal=True`` a key block that lies wholly above the diagonal of a
-    query block (every key in the future of every query) is skipped, not computed and masked:
-    for T = S about half the tiles are never visited.
+    tile of scores: besides the output, the function holds ``q / √d_k`` and a few tiles, about
+    T·(d_k + d_v) + 2·block² numbers per batch element and head, instead of T·S. With
+    ``causal=True`` a key block that lies wholly above the diagonal of a query block (every key
+    in the future of every query) is skipped, not computed and masked: for T = S about half
+    the tiles are never visited.
 
     Parameters
     ----------
@@ -105,10 +108,10 @@ def tiled_attention(q, k, v, *, mask=None, causal=False, block_size=256) -> np.n
             f"the batch axes of q {q.shape[:-2]}, k {k.shape[:-2]} and v {v.shape[:-2]} "
             "do not broadcast together",
         ) from None
-    m = check_mask(func, mask, (*batch, T, S), f"(..., T, S) = {(*batch, T, S)}")
+    mask = check_mask(func, mask, (*batch, T, S), f"(..., T, S) = {(*batch, T, S)}")
     block = check_positive_int(func, "block_size", block_size)
-    if m is not None and m.ndim < 2:
-        m = m.reshape((1,) * (2 - m.ndim) + m.shape)  # (S,) -> (1, S): rows and columns to slice
+    if mask is not None and mask.ndim < 2:  # (S,) -> (1, S): a row axis and a column axis to slice
+        mask = mask.reshape((1,) * (2 - mask.ndim) + mask.shape)
 
     dtype = np.result_type(q, k, v)  # float32 stays float32 (no float64 temporaries below)
     # Scale q once, (..., T, d_k), instead of every tile of scores; a python float keeps dtype.
@@ -128,10 +131,11 @@ def tiled_attention(q, k, v, *, mask=None, causal=False, block_size=256) -> np.n
         for s0, s1 in _key_blocks(t0, t1, T, S, block, causal):
             # (..., t1-t0, d_k) @ (..., d_k, s1-s0) -> (..., t1-t0, s1-s0): one tile of scores
             scores = q[..., t0:t1, :] @ kT[..., s0:s1]
-            if m is not None:
-                np.copyto(scores, -np.inf, where=~_mask_tile(m, t0, t1, s0, s1))
+            if mask is not None:
+                np.copyto(scores, -np.inf, where=~_mask_tile(mask, t0, t1, s0, s1))
             if causal and s1 - 1 > t0 + (S - T):  # the tile crosses the diagonal: hide the future
-                future = np.arange(s0, s1) > np.arange(t0, t1)[:, None] + (S - T)  # (t, s)
+                # (t1-t0, s1-s0), True where key s lies in the future of query t
+                future = np.arange(s0, s1) > np.arange(t0, t1)[:, None] + (S - T)
                 np.copyto(scores, -np.inf, where=future)
 
             # m_new = max(m_old, max_s x_s): the running max over all keys seen so far.
@@ -170,11 +174,11 @@ def _key_blocks(t0: int, t1: int, T: int, S: int, block: int, causal: bool):
         yield s0, min(s0 + block, S)
 
 
-def _mask_tile(m: np.ndarray, t0: int, t1: int, s0: int, s1: int) -> np.ndarray:
+def _mask_tile(mask: np.ndarray, t0: int, t1: int, s0: int, s1: int) -> np.ndarray:
     """The (..., t1-t0, s1-s0) part of a mask that broadcasts to (..., T, S), as a view.
 
     An axis of length 1 broadcasts, so it is kept whole rather than sliced.
     """
-    rows = slice(None) if m.shape[-2] == 1 else slice(t0, t1)
-    cols = slice(None) if m.shape[-1] == 1 else slice(s0, s1)
-    return m[..., rows, cols]
+    rows = slice(None) if mask.shape[-2] == 1 else slice(t0, t1)
+    cols = slice(None) if mask.shape[-1] == 1 else slice(s0, s1)
+    return mask[..., rows, cols]
