@@ -113,6 +113,17 @@ def test_batch_axes_broadcast_as_in_standard_attention(rng, q_lead, k_lead, v_le
         assert max_abs_diff(out, expected) <= TOL[np.float64]
 
 
+def test_mask_with_a_length_one_key_axis_broadcasts_over_keys(rng):
+    # (B, 1, T, 1): whole queries switched off (e.g. padded query positions); the key axis of
+    # length 1 must broadcast to every key block, not be sliced like a full axis.
+    q, k, v = qkv(rng)
+    mask = np.ones((B, 1, T, 1), dtype=bool)
+    mask[0, 0, [1, 4]] = False
+    out = tiled_attention(q, k, v, mask=mask, block_size=3)
+    assert np.all(out[0, :, [1, 4]] == 0)
+    assert max_abs_diff(out, reference(q, k, v, mask)) <= TOL[np.float64]
+
+
 def test_mixed_precision_promotes_like_standard_attention(rng):
     q, k, v = qkv(rng, dtype=np.float32)
     out = tiled_attention(q, k, v.astype(np.float64), block_size=4)
@@ -211,12 +222,13 @@ def peak_traced_bytes(f) -> int:
         tracemalloc.stop()
 
 
-def test_never_allocates_a_T_by_S_array():
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_never_allocates_a_T_by_S_array(causal):
     n, block = 2048, 128
     rng = np.random.default_rng(0)
     q, k, v = (rng.normal(size=(1, n, 64)) for _ in range(3))  # one head, float64
     t_by_s = n * n * 8  # bytes of one (T, S) float64 array: 32 MiB
-    peak = peak_traced_bytes(lambda: tiled_attention(q, k, v, causal=True, block_size=block))
+    peak = peak_traced_bytes(lambda: tiled_attention(q, k, v, causal=causal, block_size=block))
     # Holds q / √d_k, the output and one (block, block) tile: about 2.3 MiB here.
     assert peak < t_by_s / 8, f"peak {peak / 2**20:.1f} MiB"
     # The measurement does see NumPy arrays: standard attention holds at least the (T, S) weights.
