@@ -73,6 +73,10 @@ def scaled_dot_product_attention(q, k, v, mask=None) -> tuple[np.ndarray, np.nda
     # (..., T, d_k) @ (..., d_k, S) -> (..., T, S); scaling q costs T·d_k, scaling scores T·S.
     q = q * (1.0 / math.sqrt(d_k))  # a python float keeps q's dtype (float32 stays float32)
     shift = not _exp_is_safe(q, k, np.result_type(q, k))
+    if np.broadcast_shapes(q.shape[:-2], k.shape[:-2]) != batch:
+        # v (or the mask, which check_mask held to v's batch) has batch axes q and k lack: the
+        # weights must have them too, since the mask is applied to them in place.
+        q = np.broadcast_to(q, (*batch, T, d_k))
     scores = q @ np.swapaxes(k, -1, -2)
     weights = _weights_from_scores(scores, m, shift)
     out = weights @ v  # (..., T, S) @ (..., S, d_v) -> (..., T, d_v)

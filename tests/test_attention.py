@@ -306,3 +306,16 @@ def test_weights_are_a_fresh_array_not_a_view_of_the_inputs(rng):
     out, weights = scaled_dot_product_attention(q, k, v)
     for a in (q, k, v):
         assert not np.shares_memory(weights, a) and not np.shares_memory(out, a)
+
+
+def test_batch_axes_carried_only_by_v_and_the_mask_reach_the_weights():
+    # q and k unbatched, v and the mask batched: each batch entry masks its own weights.
+    rng = np.random.default_rng(7)
+    q, k, v = rng.normal(size=(3, 4)), rng.normal(size=(5, 4)), rng.normal(size=(2, 5, 6))
+    mask = np.array([[True] * 5, [True, True, False, False, False]])[:, None, :]  # (2, 1, 5)
+    out, weights = scaled_dot_product_attention(q, k, v, mask=mask)
+    assert out.shape == (2, 3, 6) and weights.shape == (2, 3, 5)
+    for b in range(2):
+        out_b, weights_b = scaled_dot_product_attention(q, k, v[b], mask=mask[b])
+        np.testing.assert_allclose(weights[b], weights_b, rtol=0, atol=1e-15)
+        np.testing.assert_allclose(out[b], out_b, rtol=0, atol=1e-15)
