@@ -53,22 +53,7 @@ def scaled_dot_product_attention(q, k, v, mask=None) -> tuple[np.ndarray, np.nda
     >>> out.shape, weights.shape
     ((3, 6), (3, 5))
     """
-    func = "scaled_dot_product_attention"
-    q = as_float_array(func, "q", q)
-    k = as_float_array(func, "k", k)
-    v = as_float_array(func, "v", v)
-    T, d_k = check_shape(func, "q", q, ("T", "d_k")).values()
-    S = check_shape(func, "k", k, ("S", "d_k"), {"d_k": (d_k, "q")})["S"]
-    check_shape(func, "v", v, ("S", "d_v"), {"S": (S, "k")})
-    try:
-        batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    except ValueError:
-        raise fail(
-            func,
-            f"the batch axes of q {q.shape[:-2]}, k {k.shape[:-2]} and v {v.shape[:-2]} "
-            "do not broadcast together",
-        ) from None
-    m = check_mask(func, mask, (*batch, T, S), f"(..., T, S) = {(*batch, T, S)}")
+    q, k, v, m, batch, (T, S, d_k, d_v) = _check_qkv("scaled_dot_product_attention", q, k, v, mask)
 
     # (..., T, d_k) @ (..., d_k, S) -> (..., T, S); scaling q costs T·d_k, scaling scores T·S.
     q = q * (1.0 / math.sqrt(d_k))  # a python float keeps q's dtype (float32 stays float32)
@@ -81,6 +66,31 @@ def scaled_dot_product_attention(q, k, v, mask=None) -> tuple[np.ndarray, np.nda
     weights = _weights_from_scores(scores, m, shift)
     out = weights @ v  # (..., T, S) @ (..., S, d_v) -> (..., T, d_v)
     return out, weights
+
+
+def _check_qkv(func: str, q, k, v, mask):
+    """The input checks shared by the attention functions, with their messages.
+
+    Returns ``(q, k, v, mask, batch, (T, S, d_k, d_v))``: the arrays as float arrays, the mask
+    as a bool array (or None) checked to broadcast to ``(*batch, T, S)``, and ``batch`` the
+    broadcast batch axes of q, k and v.
+    """
+    q = as_float_array(func, "q", q)
+    k = as_float_array(func, "k", k)
+    v = as_float_array(func, "v", v)
+    T, d_k = check_shape(func, "q", q, ("T", "d_k")).values()
+    S = check_shape(func, "k", k, ("S", "d_k"), {"d_k": (d_k, "q")})["S"]
+    d_v = check_shape(func, "v", v, ("S", "d_v"), {"S": (S, "k")})["d_v"]
+    try:
+        batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    except ValueError:
+        raise fail(
+            func,
+            f"the batch axes of q {q.shape[:-2]}, k {k.shape[:-2]} and v {v.shape[:-2]} "
+            "do not broadcast together",
+        ) from None
+    m = check_mask(func, mask, (*batch, T, S), f"(..., T, S) = {(*batch, T, S)}")
+    return q, k, v, m, batch, (T, S, d_k, d_v)
 
 
 def _weights_from_scores(scores: np.ndarray, m: np.ndarray | None, shift: bool) -> np.ndarray:

@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-from ._checks import _fmt_shape, as_float_array, check_mask, check_shape, fail
+from ._checks import _fmt_shape, as_float_array, fail
 from .multihead import merge_heads, split_heads
 from .softmax import softmax
 
@@ -90,35 +90,6 @@ class ForwardCache:
         )
 
 
-def _checked_inputs(layer, x, context, mask):
-    """The checks of ``MultiHeadAttention.forward``, with its messages.
-
-    Returns ``(x, context_or_None, kv_input, mask, batch, T, S)`` where ``mask`` has been
-    reshaped to broadcast against (..., h, T, S).
-    """
-    func = "MultiHeadAttention"
-    x = as_float_array(func, "x", x)
-    known = {"d_model": (layer.d_model, "the layer")}
-    T = check_shape(func, "x", x, ("T", "d_model"), known)["T"]
-    if context is not None:
-        context = as_float_array(func, "context", context)
-    kv_input = x if context is None else context
-    S = check_shape(func, "context", kv_input, ("S", "d_model"), known)["S"]
-    try:
-        batch = np.broadcast_shapes(x.shape[:-2], kv_input.shape[:-2])
-    except ValueError:
-        raise fail(
-            func,
-            f"the batch axes of x {x.shape[:-2]} and context {kv_input.shape[:-2]} "
-            "do not broadcast together",
-        ) from None
-    m = check_mask(func, mask, (*batch, T, S), f"(..., T, S) = {(*batch, T, S)}")
-    if m is not None:
-        # (..., T, S) -> (..., 1, T, S): the same mask for every head
-        m = m.reshape((1,) * (2 - m.ndim) + m.shape)[..., None, :, :]
-    return x, context, kv_input, m, batch, T, S
-
-
 def forward_with_cache(layer, x, context=None, mask=None):
     """The layer's forward pass, step by step, keeping what :func:`backward` needs.
 
@@ -158,7 +129,9 @@ def forward_with_cache(layer, x, context=None, mask=None):
     >>> out.shape, cache.weights.shape
     ((4, 3, 8), (4, 2, 3, 5))
     """
-    x, context, kv_input, m, batch, T, S = _checked_inputs(layer, x, context, mask)
+    given_context = context
+    x, kv_input, m, batch, T, S = layer._check_inputs(x, context, mask)
+    context = None if given_context is None else kv_input
     dtype = np.result_type(x, kv_input)
     h, g, d_k = layer.h, layer.n_kv_heads, layer.d_k
     # The parameters in the inputs' dtype (float32 in, float32 out), kept for the backward pass.

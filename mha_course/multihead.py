@@ -346,6 +346,33 @@ class MultiHeadAttention:
         names = ["W_q", "W_k", "W_v", "W_o"] + (["b_q", "b_k", "b_v", "b_o"] if self.bias else [])
         return {name: getattr(self, name) for name in names}
 
+    def _check_inputs(self, x, context, mask):
+        """The input checks of :meth:`forward` (and of the backward module's forward).
+
+        Returns ``(x, context, mask, batch, T, S)``: float arrays (``context`` is ``x`` for
+        self-attention), the mask reshaped to (..., 1, T, S) so it applies to every head (or
+        None), and the broadcast batch axes of ``x`` and ``context``.
+        """
+        func = "MultiHeadAttention"
+        x = as_float_array(func, "x", x)
+        known = {"d_model": (self.d_model, "the layer")}
+        T = check_shape(func, "x", x, ("T", "d_model"), known)["T"]
+        context = x if context is None else as_float_array(func, "context", context)
+        S = check_shape(func, "context", context, ("S", "d_model"), known)["S"]
+        try:
+            batch = np.broadcast_shapes(x.shape[:-2], context.shape[:-2])
+        except ValueError:
+            raise fail(
+                func,
+                f"the batch axes of x {x.shape[:-2]} and context {context.shape[:-2]} "
+                "do not broadcast together",
+            ) from None
+        m = check_mask(func, mask, (*batch, T, S), f"(..., T, S) = {(*batch, T, S)}")
+        if m is not None:
+            # (..., T, S) -> (..., 1, T, S): the same mask for every head
+            m = m.reshape((1,) * (2 - m.ndim) + m.shape)[..., None, :, :]
+        return x, context, m, batch, T, S
+
     # ------------------------------------------------------------------------ the forward pass
     def forward(self, x, context=None, mask=None, *, return_cache=False):
         """Attend from ``x`` to ``context`` (to ``x`` itself when ``context`` is None).
@@ -388,27 +415,7 @@ class MultiHeadAttention:
             from .backward import forward_with_cache
 
             return forward_with_cache(self, x, context, mask)
-        func = "MultiHeadAttention"
-        x = as_float_array(func, "x", x)
-        known = {"d_model": (self.d_model, "the layer")}
-        T = check_shape(func, "x", x, ("T", "d_model"), known)["T"]
-        if context is None:
-            context = x
-        else:
-            context = as_float_array(func, "context", context)
-        S = check_shape(func, "context", context, ("S", "d_model"), known)["S"]
-        try:
-            batch = np.broadcast_shapes(x.shape[:-2], context.shape[:-2])
-        except ValueError:
-            raise fail(
-                func,
-                f"the batch axes of x {x.shape[:-2]} and context {context.shape[:-2]} "
-                "do not broadcast together",
-            ) from None
-        m = check_mask(func, mask, (*batch, T, S), f"(..., T, S) = {(*batch, T, S)}")
-        if m is not None:
-            # (..., T, S) -> (..., 1, T, S): the same mask for every head
-            m = m.reshape((1,) * (2 - m.ndim) + m.shape)[..., None, :, :]
+        x, context, m, batch, T, S = self._check_inputs(x, context, mask)
 
         # Each head computes scaled_dot_product_attention(q_i, k_i, v_i, mask); the steps are
         # written out here (with its private helpers) only to order them for memory: peak memory

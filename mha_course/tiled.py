@@ -20,7 +20,8 @@ import math
 
 import numpy as np
 
-from ._checks import as_float_array, check_mask, check_positive_int, check_shape, fail
+from ._checks import check_positive_int
+from .attention import _check_qkv
 
 
 def tiled_attention(q, k, v, *, mask=None, causal=False, block_size=256) -> np.ndarray:
@@ -94,21 +95,7 @@ def tiled_attention(q, k, v, *, mask=None, causal=False, block_size=256) -> np.n
     True
     """
     func = "tiled_attention"
-    q = as_float_array(func, "q", q)
-    k = as_float_array(func, "k", k)
-    v = as_float_array(func, "v", v)
-    T, d_k = check_shape(func, "q", q, ("T", "d_k")).values()
-    S = check_shape(func, "k", k, ("S", "d_k"), {"d_k": (d_k, "q")})["S"]
-    d_v = check_shape(func, "v", v, ("S", "d_v"), {"S": (S, "k")})["d_v"]
-    try:
-        batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    except ValueError:
-        raise fail(
-            func,
-            f"the batch axes of q {q.shape[:-2]}, k {k.shape[:-2]} and v {v.shape[:-2]} "
-            "do not broadcast together",
-        ) from None
-    mask = check_mask(func, mask, (*batch, T, S), f"(..., T, S) = {(*batch, T, S)}")
+    q, k, v, mask, batch, (T, S, d_k, d_v) = _check_qkv(func, q, k, v, mask)
     block = check_positive_int(func, "block_size", block_size)
     if mask is not None and mask.ndim < 2:  # (S,) -> (1, S): a row axis and a column axis to slice
         mask = mask.reshape((1,) * (2 - mask.ndim) + mask.shape)
