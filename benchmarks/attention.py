@@ -229,25 +229,35 @@ def fmt_ratio(t_pkg: float, t_other: float | None) -> str:
     return "-" if t_other is None else f"{t_pkg / t_other:.2f}x"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def common_parser(doc: str) -> argparse.ArgumentParser:
+    """The options every benchmark here takes: --threads, --keep-env, --cpu-time."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
     parser.add_argument("--threads", type=int, default=1, help="BLAS and torch threads (1)")
-    parser.add_argument("--quick", action="store_true", help="n = 128, float32 only")
-    parser.add_argument("--big", action="store_true", help="also n = 4096")
     parser.add_argument("--keep-env", action="store_true", help="keep OPENBLAS_* variables")
     parser.add_argument(
         "--cpu-time",
         action="store_true",
         help="time with time.process_time (for a busy shared machine; needs --threads 1)",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def apply_common_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Act on the common options: choose the clock and set torch's thread count."""
     if args.cpu_time:
         if args.threads != 1:
             parser.error("--cpu-time sums the CPU time of all threads: use it with --threads 1")
         CLOCK.update(name="CPU time of this process (time.process_time)", func=time.process_time)
-
     if torch is not None:
         torch.set_num_threads(args.threads)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = common_parser(__doc__)
+    parser.add_argument("--quick", action="store_true", help="n = 128, float32 only")
+    parser.add_argument("--big", action="store_true", help="also n = 4096")
+    args = parser.parse_args(argv)
+    apply_common_options(parser, args)
     sizes = [128] if args.quick else [128, 512, 2048] + ([4096] if args.big else [])
     dtypes = [np.float32] if args.quick else [np.float32, np.float64]
 

@@ -18,9 +18,7 @@ is the slow side, so its one run is long enough to be stable).
 
 from __future__ import annotations
 
-import argparse
 import sys
-import time
 
 import attention as bench  # benchmarks/attention.py: environment, timing and re-exec helpers
 
@@ -160,24 +158,10 @@ def print_targets(cache_row: dict, gqa_rows: dict, n: int, threads: int) -> None
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--threads", type=int, default=1, help="BLAS threads (1)")
+    parser = bench.common_parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="128 tokens instead of 1024")
-    parser.add_argument("--keep-env", action="store_true", help="keep OPENBLAS_* variables")
-    parser.add_argument(
-        "--cpu-time",
-        action="store_true",
-        help="time with time.process_time (for a busy shared machine; needs --threads 1)",
-    )
     args = parser.parse_args(argv)
-    if args.cpu_time:
-        if args.threads != 1:
-            parser.error("--cpu-time sums the CPU time of all threads: use it with --threads 1")
-        bench.CLOCK.update(
-            name="CPU time of this process (time.process_time)", func=time.process_time
-        )
-    if bench.torch is not None:
-        bench.torch.set_num_threads(args.threads)
+    bench.apply_common_options(parser, args)
     n = 128 if args.quick else 1024
     rng = np.random.default_rng(0)
     with threadpool_limits(limits=args.threads, user_api="blas"):

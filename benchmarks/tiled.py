@@ -22,13 +22,11 @@ Timings are the minimum over repeats: on a shared machine they are indicative, n
 
 from __future__ import annotations
 
-import argparse
 import inspect
 import math
 import os
 import sys
 import textwrap
-import time
 from functools import partial
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -227,24 +225,10 @@ def sweep_block_sizes(sizes, blocks, rng) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--threads", type=int, default=1, help="BLAS and torch threads (1)")
+    parser = bench.common_parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="n = 1024, block sizes 128 and 256")
-    parser.add_argument("--keep-env", action="store_true", help="keep OPENBLAS_* variables")
-    parser.add_argument(
-        "--cpu-time",
-        action="store_true",
-        help="time with time.process_time (for a busy shared machine; needs --threads 1)",
-    )
     args = parser.parse_args(argv)
-    if args.cpu_time:
-        if args.threads != 1:
-            parser.error("--cpu-time sums the CPU time of all threads: use it with --threads 1")
-        bench.CLOCK.update(
-            name="CPU time of this process (time.process_time)", func=time.process_time
-        )
-    if torch is not None:
-        torch.set_num_threads(args.threads)
+    bench.apply_common_options(parser, args)
     sizes = [1024] if args.quick else [2048, 4096]
     blocks = (128, 256) if args.quick else BLOCKS
     rng = np.random.default_rng(0)
