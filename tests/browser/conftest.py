@@ -28,6 +28,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from mha_course.exercises import _descendants  # the kernel-process walker of the checker
+
 from .labdriver import (
     RAISES_MARK,
     cell_report,
@@ -146,24 +148,6 @@ def _write_user_settings(settings_dir: Path) -> None:
         path = settings_dir / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(value))
-
-
-def _descendants(pid: int) -> list[int]:
-    """PIDs of every live descendant of ``pid`` (kernels run in their own sessions)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        ppid = int(text.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 def _alive(pid: int) -> bool:
