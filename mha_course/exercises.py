@@ -640,8 +640,18 @@ def run_nbval(nb, cell_timeout: float, sanitize: Path | None = None, total_timeo
     """Run strict nbval on ``nb`` in a subprocess; return ``(records by cell, hit the backstop)``.
 
     ``total_timeout`` is the backstop for the whole run (kernel start included); when it is
-    reached the pytest process and its kernel are killed.
+    reached the pytest process and its kernel are killed. A run in which no cell ran at all
+    (the kernel did not start: a port race or a slow start on a loaded machine) is tried once
+    more, then reported as an error with nbval's last lines, never as exercises "not checked".
     """
+    for _attempt in (1, 2):
+        records, backstop, tail = _run_nbval_once(nb, cell_timeout, sanitize, total_timeout)
+        if records or backstop:
+            return records, backstop
+    raise ExerciseError("nbval could not run the notebook: " + " / ".join(tail))
+
+
+def _run_nbval_once(nb, cell_timeout, sanitize, total_timeout):
     if total_timeout is None:
         n_code = sum(c.cell_type == "code" for c in nb.cells)
         total_timeout = 90 + n_code * (cell_timeout + 10)
@@ -680,10 +690,8 @@ def run_nbval(nb, cell_timeout: float, sanitize: Path | None = None, total_timeo
             for line in report.read_text(encoding="utf-8").splitlines():
                 record = json.loads(line)
                 records[record["cell"]] = record
-        if not records and not backstop and proc.returncode not in (0, 1):
-            tail = ANSI_RE.sub("", output.decode("utf-8", "replace")).strip().splitlines()[-5:]
-            raise ExerciseError("nbval could not run the notebook: " + " / ".join(tail))
-        return records, backstop
+        tail = ANSI_RE.sub("", output.decode("utf-8", "replace")).strip().splitlines()[-5:]
+        return records, backstop, tail
 
 
 def _clean(text: str) -> str:

@@ -317,5 +317,5 @@ def test_batch_axes_carried_only_by_v_and_the_mask_reach_the_weights():
     assert out.shape == (2, 3, 6) and weights.shape == (2, 3, 5)
     for b in range(2):
         out_b, weights_b = scaled_dot_product_attention(q, k, v[b], mask=mask[b])
-        np.testing.assert_allclose(weights[b], weights_b, rtol=0, atol=1e-15)
-        np.testing.assert_allclose(out[b], out_b, rtol=0, atol=1e-15)
+        np.testing.assert_allclose(weights[b], weights_b, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(out[b], out_b, rtol=0, atol=1e-12)

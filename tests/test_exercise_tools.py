@@ -159,6 +159,27 @@ def test_stubs_are_not_attempted_and_solutions_pass(fixture_exercises):
     assert "Exercise 98.1  passed" in solution_report and "2 of 2 passed." in solution_report
 
 
+def test_a_run_in_which_no_cell_ran_is_retried_then_reported(fixture_exercises, monkeypatch):
+    """A kernel that never started (seen once under load) must not read as "not checked"."""
+    real_once = ex._run_nbval_once
+    calls = []
+
+    def kernel_fails_first(*args):
+        calls.append(1)
+        if len(calls) == 1:
+            return {}, False, ["ERROR at setup: kernel did not start"]
+        return real_once(*args)
+
+    monkeypatch.setattr(ex, "_run_nbval_once", kernel_fails_first)
+    result = ex.check_notebook(FIXTURES / "98_fixture.ipynb", FIXTURES)
+    assert len(calls) == 2
+    assert [v.status for v in result.verdicts] == ["passed", "passed"]
+
+    monkeypatch.setattr(ex, "_run_nbval_once", lambda *a: ({}, False, ["kernel died at start"]))
+    with pytest.raises(ex.ExerciseError, match="nbval could not run the notebook: kernel died"):
+        ex.check_notebook(fixture_exercises / "98_fixture.ipynb", FIXTURES)
+
+
 def test_broken_foreign_and_missing_notebooks_get_one_clear_line(tmp_path):
     broken = tmp_path / "broken.ipynb"
     broken.write_text('{"cells": [')
