@@ -2,20 +2,23 @@
 
 The helper package of the course: each module implements one concept exactly as its lesson
 teaches it (the module docstring names the lesson). Lessons write each concept inline, show it
-equals the function here, and import it from then on.
+equals the function here, and import it from then on. The README has a map of the modules.
 """
 
 from .attention import causal_mask, padding_mask, scaled_dot_product_attention
 from .backward import gradient_check
 from .cost import attention_flops, kv_cache_bytes, param_count
+from .heads import merge_heads, split_heads
 from .kv_cache import KVCache
-from .multihead import MultiHeadAttention, merge_heads, split_heads
+from .multihead import MultiHeadAttention
+from .positions import apply_rope, sinusoidal_positions
 from .softmax import log_softmax, logsumexp, softmax
 from .tiled import tiled_attention
 
 __all__ = [
     "KVCache",
     "MultiHeadAttention",
+    "apply_rope",
     "attention_flops",
     "causal_mask",
     "gradient_check",
@@ -26,6 +29,7 @@ __all__ = [
     "padding_mask",
     "param_count",
     "scaled_dot_product_attention",
+    "sinusoidal_positions",
     "softmax",
     "split_heads",
     "tiled_attention",

@@ -1,13 +1,15 @@
 """The backward pass of multi-head attention, by hand, and a finite-difference gradient check.
 
-Taught in the backward-pass lesson (after ``notebooks/04_multi_head_attention.ipynb``).
+Taught in ``notebooks/08_learning.ipynb``.
 
-:func:`forward_with_cache` runs the layer's forward pass one readable step at a time and keeps
-what the backward pass needs; :func:`backward` walks the same steps in reverse, applying the
-chain rule to each: output projection, merge heads, weighted sum, softmax (its Jacobian),
-the ``1/√d_k`` scale, split heads, the three projections. :func:`gradient_check` compares any
-hand-written gradient with central differences. ``MultiHeadAttention.forward(...,
-return_cache=True)`` and ``MultiHeadAttention.backward`` call the first two.
+``MultiHeadAttention.forward(..., return_cache=True)`` returns, beside the output, the
+:class:`SavedActivations`: the layer's own intermediate arrays (projected heads, weights, merged
+heads), kept by the forward pass a lesson reads. :func:`backward` walks those steps in reverse,
+applying the chain rule to each: output projection, merge heads, weighted sum, softmax (its
+Jacobian), the ``1/√d_k`` scale, RoPE (when the layer uses it), the grouping of query heads over
+shared key/value heads, split heads, the three projections. :func:`gradient_check` compares any
+hand-written gradient with central differences. ``MultiHeadAttention.backward`` calls
+:func:`backward`.
 
 Shape letters: ``T`` query positions, ``S`` key/value positions, ``h`` query heads, ``g`` key/value
 heads (``n_kv_heads``; ``g = h`` for the standard layer, ``g = 1`` for MQA), ``d_k``, ``d_v``
@@ -22,23 +24,25 @@ query (0, never NaN); masked keys get no gradient through their key or value.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import _fmt_shape, as_float_array, fail
-from .multihead import merge_heads, split_heads
-from .softmax import softmax
+from ._validate import as_float_array, fail, fmt_shape
+from .heads import group_heads, kv_for_groups, merge_heads, split_heads, ungroup_heads
+from .positions import apply_rope
 
-__all__ = ["ForwardCache", "backward", "forward_with_cache", "gradient_check"]
+__all__ = ["SavedActivations", "backward", "gradient_check"]
 
 
-class ForwardCache:
-    """What :func:`forward_with_cache` keeps for :func:`backward`.
+@dataclass(repr=False)
+class SavedActivations:
+    """What ``MultiHeadAttention.forward(..., return_cache=True)`` keeps for :func:`backward`.
 
     Attributes
     ----------
     layer : MultiHeadAttention
-        The layer that ran the forward pass; :func:`backward` refuses a cache from another one.
+        The layer that ran the forward pass; :func:`backward` refuses activations of another one.
     x : ndarray, shape (..., T, d_model)
         The queries' input.
     context : ndarray or None, shape (..., S, d_model)
@@ -47,9 +51,9 @@ class ForwardCache:
     mask : ndarray of bool or None, broadcastable to (..., 1, T, S)
         The mask as applied to every head (``True`` = may attend).
     q : ndarray, shape (..., h, T, d_k)
-        Queries per head, before the ``1/√d_k`` scale.
+        Queries per head as they entered the scores: after RoPE (if any), before ``1/√d_k``.
     k : ndarray, shape (..., g, S, d_k)
-        Keys per key/value head.
+        Keys per key/value head, after RoPE (if any).
     v : ndarray, shape (..., g, S, d_v)
         Values per key/value head.
     weights : ndarray, shape (..., h, T, S)
@@ -64,17 +68,22 @@ class ForwardCache:
     Examples
     --------
     >>> from mha_course import MultiHeadAttention
-    >>> out, cache = MultiHeadAttention(8, 2, rng=0).forward(np.ones((3, 8)), return_cache=True)
-    >>> cache.weights.shape
+    >>> out, saved = MultiHeadAttention(8, 2, rng=0).forward(np.ones((3, 8)), return_cache=True)
+    >>> saved.weights.shape
     (2, 3, 3)
     """
 
-    def __init__(self, layer, x, context, mask, q, k, v, weights, concat, params, dtype):
-        self.layer = layer
-        self.x, self.context, self.mask = x, context, mask
-        self.q, self.k, self.v = q, k, v
-        self.weights, self.concat = weights, concat
-        self.params, self.dtype = params, dtype
+    layer: object
+    x: np.ndarray
+    context: np.ndarray | None
+    mask: np.ndarray | None
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    weights: np.ndarray
+    concat: np.ndarray
+    params: dict
+    dtype: np.dtype
 
     @property
     def out_shape(self) -> tuple[int, ...]:
@@ -85,89 +94,20 @@ class ForwardCache:
         *batch, h, T, S = self.weights.shape
         kind = "self-attention" if self.context is None else "cross-attention"
         return (
-            f"ForwardCache({kind}, batch={tuple(batch)}, h={h}, n_kv_heads={self.k.shape[-3]}, "
-            f"T={T}, S={S}, masked={self.mask is not None}, dtype={self.dtype})"
+            f"SavedActivations({kind}, batch={tuple(batch)}, h={h}, "
+            f"n_kv_heads={self.k.shape[-3]}, T={T}, S={S}, masked={self.mask is not None}, "
+            f"dtype={self.dtype})"
         )
 
 
-def forward_with_cache(layer, x, context=None, mask=None):
-    """The layer's forward pass, step by step, keeping what :func:`backward` needs.
-
-    Same result as ``layer.forward(x, context, mask)`` (to round-off), computed in the order a
-    lesson reads it rather than the order that saves memory.
-
-    Parameters
-    ----------
-    layer : MultiHeadAttention
-        The layer whose parameters to use (``layer.n_kv_heads`` key/value heads).
-    x : ndarray of float, shape (..., T, d_model)
-        The queries' input.
-    context : ndarray of float, shape (..., S, d_model), optional
-        The keys' and values' input, for cross-attention. Default: ``x`` (self-attention).
-    mask : ndarray of bool, broadcastable to (..., T, S), optional
-        ``True`` = may attend; applied to every head.
-
-    Returns
-    -------
-    out : ndarray, shape (..., T, d_model)
-        In the inputs' dtype.
-    cache : ForwardCache
-        The inputs and intermediates; ``cache.weights`` has shape (..., h, T, S).
-
-    Raises
-    ------
-    ValueError
-        As ``MultiHeadAttention.forward``: a wrong last axis, batch axes of ``x`` and
-        ``context`` that do not broadcast, a mask that does not broadcast to (..., T, S), or
-        non-float input.
+def sum_to_shape(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """Undo broadcasting: sum ``grad`` over the axes that broadcasting added or stretched.
 
     Examples
     --------
-    >>> from mha_course import MultiHeadAttention
-    >>> layer = MultiHeadAttention(d_model=8, h=2, rng=0)
-    >>> out, cache = forward_with_cache(layer, np.ones((4, 3, 8)), np.ones((4, 5, 8)))
-    >>> out.shape, cache.weights.shape
-    ((4, 3, 8), (4, 2, 3, 5))
+    >>> sum_to_shape(np.ones((4, 2, 3)), (1, 3)).tolist()
+    [[8.0, 8.0, 8.0]]
     """
-    given_context = context
-    x, kv_input, m, batch, T, S = layer._check_inputs(x, context, mask)
-    context = None if given_context is None else kv_input
-    dtype = np.result_type(x, kv_input)
-    h, g, d_k = layer.h, layer.n_kv_heads, layer.d_k
-    # The parameters in the inputs' dtype (float32 in, float32 out), kept for the backward pass.
-    params = {name: p.astype(dtype, copy=False) for name, p in layer.parameters().items()}
-    b = {name: params.get(name, 0.0) for name in ("b_q", "b_k", "b_v", "b_o")}  # 0: no bias
-    # 1. Projections.
-    q = x @ params["W_q"] + b["b_q"]  # (..., T, d_model) @ (d_model, h*d_k) -> (..., T, h*d_k)
-    k = kv_input @ params["W_k"] + b["b_k"]  # (..., S, d_model) -> (..., S, g*d_k)
-    v = kv_input @ params["W_v"] + b["b_v"]  # (..., S, d_model) -> (..., S, g*d_v)
-    # 2. Split heads.
-    q_heads = split_heads(q, h)  # (..., T, h*d_k) -> (..., h, T, d_k)
-    k_heads = split_heads(k, g)  # (..., S, g*d_k) -> (..., g, S, d_k)
-    v_heads = split_heads(v, g)  # (..., S, g*d_v) -> (..., g, S, d_v)
-    # 3. Share key/value heads (GQA): query head i reads key/value head i // (h // g).
-    k_rep = np.repeat(k_heads, h // g, axis=-3)  # (..., g, S, d_k) -> (..., h, S, d_k)
-    v_rep = np.repeat(v_heads, h // g, axis=-3)  # (..., g, S, d_v) -> (..., h, S, d_v)
-    # 4. Scores, scaled by 1/√d_k.
-    # (..., h, T, d_k) @ (..., h, d_k, S) -> (..., h, T, S)
-    scores = q_heads @ np.swapaxes(k_rep, -1, -2) / math.sqrt(d_k)
-    # 5. Softmax over the keys; masked keys get weight 0, a fully masked row all 0.
-    weights = softmax(scores, axis=-1, mask=m)  # (..., h, T, S)
-    # 6. Weighted sum of the values.
-    heads = weights @ v_rep  # (..., h, T, S) @ (..., h, S, d_v) -> (..., h, T, d_v)
-    # 7. Merge heads.
-    concat = merge_heads(heads)  # (..., h, T, d_v) -> (..., T, h*d_v)
-    # 8. Output projection.
-    # (..., T, h*d_v) @ (h*d_v, d_model) -> (..., T, d_model)
-    out = concat @ params["W_o"] + b["b_o"]
-    cache = ForwardCache(
-        layer, x, context, m, q_heads, k_heads, v_heads, weights, concat, params, dtype
-    )
-    return out, cache
-
-
-def _sum_to_shape(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """Undo broadcasting: sum ``grad`` over the axes that broadcasting added or stretched."""
     extra = grad.ndim - len(shape)
     grad = grad.sum(axis=tuple(range(extra))) if extra else grad  # drop added leading axes
     stretched = tuple(i for i, n in enumerate(shape) if n == 1 and grad.shape[i] != 1)
@@ -185,18 +125,21 @@ def _param_grad(inp: np.ndarray, d_proj: np.ndarray) -> np.ndarray:
     return inp.reshape(-1, inp.shape[-1]).T @ d_proj.reshape(-1, d_proj.shape[-1])
 
 
-def backward(layer, grad_out, cache) -> dict[str, np.ndarray]:
+def backward(layer, grad_out, saved) -> dict[str, np.ndarray]:
     """Gradients of a loss with respect to the inputs and every parameter, by hand.
 
-    Walks :func:`forward_with_cache`'s steps in reverse; step ``n`` here undoes step ``n`` there.
+    Walks the layer's forward pass in reverse; step ``n`` here undoes step ``n`` there
+    (``MultiHeadAttention.forward``): 1 projections, 2 split heads, 3 RoPE, 4 group the query
+    heads over their key/value head, 5 scaled dot-product attention (scores, softmax, weighted
+    sum), 6 merge heads, 7 output projection.
 
     Parameters
     ----------
     layer : MultiHeadAttention
-        The layer that made ``cache``.
+        The layer that made ``saved``.
     grad_out : ndarray of float, shape (..., T, d_model)
         dLoss/dout, the gradient of the loss with respect to the forward pass's output.
-    cache : ForwardCache
+    saved : SavedActivations
         What ``layer.forward(..., return_cache=True)`` returned with the output.
 
     Returns
@@ -211,77 +154,82 @@ def backward(layer, grad_out, cache) -> dict[str, np.ndarray]:
     Raises
     ------
     ValueError
-        If ``cache`` is not a :class:`ForwardCache` or comes from another layer, or
+        If ``saved`` is not a :class:`SavedActivations` or comes from another layer, or
         ``grad_out`` is not a float array of the output's shape.
 
     Examples
     --------
     >>> from mha_course import MultiHeadAttention
     >>> layer = MultiHeadAttention(d_model=8, h=2, rng=0)
-    >>> out, cache = layer.forward(np.ones((3, 8)), return_cache=True)
-    >>> grads = backward(layer, np.ones_like(out), cache)
+    >>> out, saved = layer.forward(np.ones((3, 8)), return_cache=True)
+    >>> grads = backward(layer, np.ones_like(out), saved)
     >>> grads["x"].shape, grads["W_q"].shape
     ((3, 8), (8, 8))
     """
     func = "MultiHeadAttention.backward"
-    if not isinstance(cache, ForwardCache):
+    if not isinstance(saved, SavedActivations):
         raise fail(
             func,
-            f"cache is a {type(cache).__name__}; expected the cache that "
+            f"saved is a {type(saved).__name__}; expected the saved activations that "
             "forward(..., return_cache=True) returned",
         )
-    if cache.layer is not layer:
-        raise fail(func, "the cache comes from another layer")
+    if saved.layer is not layer:
+        raise fail(func, "the saved activations come from another layer")
     grad_out = as_float_array(func, "grad_out", grad_out)
-    if grad_out.shape != cache.out_shape:
+    if grad_out.shape != saved.out_shape:
         raise fail(
             func,
-            f"grad_out has shape {_fmt_shape(grad_out.shape)}; expected (..., T, d_model) = "
-            f"{_fmt_shape(cache.out_shape)}, the shape of the output",
+            f"grad_out has shape {fmt_shape(grad_out.shape)}; expected (..., T, d_model) = "
+            f"{fmt_shape(saved.out_shape)}, the shape of the output",
         )
-    P = cache.params  # the parameters as the forward pass used them
-    h, g, d_k = layer.h, cache.k.shape[-3], layer.d_k
-    *lead, _, T, S = cache.weights.shape  # batch axes (of x and context broadcast), h, T, S
-    d_v = cache.v.shape[-1]
-    dout = grad_out.astype(cache.dtype, copy=False)  # (..., T, d_model)
-    k_rep = np.repeat(cache.k, h // g, axis=-3)  # (..., g, S, d_k) -> (..., h, S, d_k)
-    v_rep = np.repeat(cache.v, h // g, axis=-3)  # (..., g, S, d_v) -> (..., h, S, d_v)
-    weights = cache.weights  # (..., h, T, S)
+    P = saved.params  # the parameters as the forward pass used them
+    h, g, d_k = layer.h, saved.k.shape[-3], layer.d_k
+    dout = grad_out.astype(saved.dtype, copy=False)  # (..., T, d_model)
     grads = {}
 
-    # 8. Output projection, out = concat @ W_o + b_o.
-    grads["W_o"] = _param_grad(cache.concat, dout)  # (h*d_v, d_model)
+    # 7. Output projection, out = concat @ W_o + b_o.
+    grads["W_o"] = _param_grad(saved.concat, dout)  # (h*d_v, d_model)
     grads["b_o"] = dout.reshape(-1, dout.shape[-1]).sum(axis=0)  # (d_model,)
     dconcat = dout @ P["W_o"].T  # (..., T, d_model) @ (d_model, h*d_v) -> (..., T, h*d_v)
-    # 7. Merge heads is only a reshape: its backward is the inverse reshape.
+    # 6. Merge heads is only a reshape: its backward is the inverse reshape.
     dheads = split_heads(dconcat, h)  # (..., T, h*d_v) -> (..., h, T, d_v)
-    # 6. Weighted sum, heads = weights @ v_rep.
-    # (..., h, T, d_v) @ (..., h, d_v, S) -> (..., h, T, S)
-    dweights = dheads @ np.swapaxes(v_rep, -1, -2)
-    # (..., h, S, T) @ (..., h, T, d_v) -> (..., h, S, d_v)
-    dv_rep = np.swapaxes(weights, -1, -2) @ dheads
-    # 5. Softmax. Its Jacobian for one row is diag(w) - w wᵀ, so, row by row,
-    #    dscores = weights * (dweights - Σ_s dweights·weights).
-    #    Masked keys and fully masked rows have weight 0, so their dscores is exactly 0.
-    row_dot = np.sum(dweights * weights, axis=-1, keepdims=True)  # (..., h, T, 1)
-    dscores = weights * (dweights - row_dot)  # (..., h, T, S)
-    # 4. Scores, scores = q_heads @ k_repᵀ / √d_k: the scale first, then the product.
-    dscores = dscores / math.sqrt(d_k)  # (..., h, T, S)
-    dq_heads = dscores @ k_rep  # (..., h, T, S) @ (..., h, S, d_k) -> (..., h, T, d_k)
-    # (..., h, S, T) @ (..., h, T, d_k) -> (..., h, S, d_k)
-    dk_rep = np.swapaxes(dscores, -1, -2) @ cache.q
-    # 3. Shared key/value heads: the h // g query heads of a group add into their one K/V head.
-    # (..., h, S, d_k) -> (..., g, h // g, S, d_k) -> (..., g, S, d_k)
-    dk_heads = dk_rep.reshape(*lead, g, h // g, S, d_k).sum(axis=-3)
-    # (..., h, S, d_v) -> (..., g, h // g, S, d_v) -> (..., g, S, d_v)
-    dv_heads = dv_rep.reshape(*lead, g, h // g, S, d_v).sum(axis=-3)
+    # 4-5. Attention within each group of h/g query heads that share one K/V head (views).
+    weights = group_heads(saved.weights, g)  # (..., g, h/g, T, S)
+    dheads = group_heads(dheads, g)  # (..., g, h/g, T, d_v)
+    q = group_heads(saved.q, g)  # (..., g, h/g, T, d_k)
+    k, v = kv_for_groups(saved.k), kv_for_groups(saved.v)  # (..., g, 1, S, d_k | d_v)
+    # 5c. Weighted sum, heads = weights @ v.
+    # (..., g, h/g, T, d_v) @ (..., g, 1, d_v, S) -> (..., g, h/g, T, S)
+    dweights = dheads @ np.swapaxes(v, -1, -2)
+    # (..., g, h/g, S, T) @ (..., g, h/g, T, d_v) -> (..., g, h/g, S, d_v)
+    dv = np.swapaxes(weights, -1, -2) @ dheads
+    # 5b. Softmax. Its Jacobian for one row is diag(w) - w wᵀ, so, row by row,
+    #     dscores = weights * (dweights - Σ_s dweights·weights).
+    #     Masked keys and fully masked rows have weight 0, so their dscores is exactly 0.
+    row_dot = np.sum(dweights * weights, axis=-1, keepdims=True)  # (..., g, h/g, T, 1)
+    dscores = weights * (dweights - row_dot)  # (..., g, h/g, T, S)
+    # 5a. Scores, scores = q @ kᵀ / √d_k: the scale first, then the product.
+    dscores = dscores / math.sqrt(d_k)
+    dq = dscores @ k  # (..., g, h/g, T, S) @ (..., g, 1, S, d_k) -> (..., g, h/g, T, d_k)
+    # (..., g, h/g, S, T) @ (..., g, h/g, T, d_k) -> (..., g, h/g, S, d_k)
+    dk = np.swapaxes(dscores, -1, -2) @ q
+    # 4. The h/g query heads of a group read one K/V head: their gradients add up in it.
+    dq = ungroup_heads(dq)  # (..., h, T, d_k)
+    dk = dk.sum(axis=-3)  # (..., g, h/g, S, d_k) -> (..., g, S, d_k)
+    dv = dv.sum(axis=-3)  # (..., g, h/g, S, d_v) -> (..., g, S, d_v)
+    # 3. RoPE rotated q and k by R(p); a rotation's transpose is the rotation back, R(-p).
+    if layer.rope is not None:
+        T, S = dq.shape[-2], dk.shape[-2]
+        rope = {"base": layer.rope_base, "layout": layer.rope}
+        dq = apply_rope(dq, -np.arange(T), **rope)
+        dk = apply_rope(dk, -np.arange(S), **rope)
     # 2. Split heads, undone by merge_heads.
-    dq = merge_heads(dq_heads)  # (..., h, T, d_k) -> (..., T, h*d_k)
-    dk = merge_heads(dk_heads)  # (..., g, S, d_k) -> (..., S, g*d_k)
-    dv = merge_heads(dv_heads)  # (..., g, S, d_v) -> (..., S, g*d_v)
+    dq = merge_heads(dq)  # (..., h, T, d_k) -> (..., T, h*d_k)
+    dk = merge_heads(dk)  # (..., g, S, d_k) -> (..., S, g*d_k)
+    dv = merge_heads(dv)  # (..., g, S, d_v) -> (..., S, g*d_v)
     # 1. Projections, q = x @ W_q + b_q, k = context @ W_k + b_k, v = context @ W_v + b_v.
-    kv_input = cache.x if cache.context is None else cache.context  # (..., S, d_model)
-    grads["W_q"] = _param_grad(cache.x, dq)  # (d_model, h*d_k)
+    kv_input = saved.x if saved.context is None else saved.context  # (..., S, d_model)
+    grads["W_q"] = _param_grad(saved.x, dq)  # (d_model, h*d_k)
     grads["W_k"] = _param_grad(kv_input, dk)  # (d_model, g*d_k)
     grads["W_v"] = _param_grad(kv_input, dv)  # (d_model, g*d_v)
     grads["b_q"] = dq.reshape(-1, dq.shape[-1]).sum(axis=0)  # (h*d_k,)
@@ -291,9 +239,9 @@ def backward(layer, grad_out, cache) -> dict[str, np.ndarray]:
     # (..., S, g*d_k) @ (g*d_k, d_model) + (..., S, g*d_v) @ (g*d_v, d_model) -> (..., S, d_model)
     dkv = dk @ P["W_k"].T + dv @ P["W_v"].T
     # Batch axes that were broadcast (e.g. one context for a batch of x) sum back.
-    dx = _sum_to_shape(dx, cache.x.shape)  # (..., T, d_model) with x's own batch axes
-    dkv = _sum_to_shape(dkv, kv_input.shape)  # (..., S, d_model) with its own batch axes
-    if cache.context is None:
+    dx = sum_to_shape(dx, saved.x.shape)  # (..., T, d_model) with x's own batch axes
+    dkv = sum_to_shape(dkv, kv_input.shape)  # (..., S, d_model) with its own batch axes
+    if saved.context is None:
         # Self-attention: x fed the queries, the keys and the values; the three paths add up.
         result = {"x": dx + dkv}  # (..., T, d_model)
     else:
@@ -362,8 +310,8 @@ def gradient_check(f, x, eps: float = 1e-6) -> float:
     if analytic.shape != x.shape:
         raise fail(
             func,
-            f"f(x) returned a grad of shape {_fmt_shape(analytic.shape)}; expected x's shape "
-            f"{_fmt_shape(x.shape)}",
+            f"f(x) returned a grad of shape {fmt_shape(analytic.shape)}; expected x's shape "
+            f"{fmt_shape(x.shape)}",
         )
     numeric = np.zeros_like(x)  # same shape as x
     flat = x.reshape(-1)  # a view: writing flat[i] moves x[i]

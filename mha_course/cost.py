@@ -1,7 +1,7 @@
 """What attention costs: parameters, floating-point operations and KV-cache memory.
 
 Taught in ``notebooks/04_multi_head_attention.ipynb`` (parameters and FLOPs); the ``n_kv_heads``
-options and :func:`kv_cache_bytes` belong to the later lesson on the KV cache, MQA and GQA.
+options and :func:`kv_cache_bytes` in ``notebooks/06_decoding.ipynb`` (the KV cache, MQA and GQA).
 
 FLOPs count a multiply-add as 2 operations, so an (m, n) @ (n, p) matmul costs ``2·m·n·p``.
 The softmax (about 5 operations per weight: max, subtract, exp, sum, divide) is not in the
@@ -10,8 +10,8 @@ total: it is not a matmul, and it is the part that *does* grow with ``h`` (``h·
 
 from __future__ import annotations
 
-from ._checks import check_positive_int
-from .multihead import _head_dims, _kv_heads
+from ._validate import validate_positive_int
+from .heads import head_dims, kv_head_count
 
 
 def param_count(d_model, h, d_k=None, d_v=None, bias=False, n_kv_heads=None) -> int:
@@ -47,8 +47,8 @@ def param_count(d_model, h, d_k=None, d_v=None, bias=False, n_kv_heads=None) -> 
     >>> param_count(512, 8, n_kv_heads=1)  # MQA: W_k and W_v shrink to one head each
     589824
     """
-    d_model, h, d_k, d_v = _head_dims("param_count", d_model, h, d_k, d_v)
-    g = _kv_heads("param_count", h, n_kv_heads)
+    d_model, h, d_k, d_v = head_dims("param_count", d_model, h, d_k, d_v)
+    g = kv_head_count("param_count", h, n_kv_heads)
     weights = d_model * h * d_k + d_model * g * (d_k + d_v) + h * d_v * d_model
     biases = h * d_k + g * (d_k + d_v) + d_model if bias else 0
     return weights + biases
@@ -91,10 +91,10 @@ def attention_flops(T, d_model, h, d_k=None, d_v=None, S=None, n_kv_heads=None) 
     True
     """
     func = "attention_flops"
-    T = check_positive_int(func, "T", T)
-    S = T if S is None else check_positive_int(func, "S", S)
-    d_model, h, d_k, d_v = _head_dims(func, d_model, h, d_k, d_v)
-    g = _kv_heads(func, h, n_kv_heads)
+    T = validate_positive_int(func, "T", T)
+    S = T if S is None else validate_positive_int(func, "S", S)
+    d_model, h, d_k, d_v = head_dims(func, d_model, h, d_k, d_v)
+    g = kv_head_count(func, h, n_kv_heads)
     terms = {
         "projections": 2 * T * d_model * h * d_k + 2 * S * d_model * g * (d_k + d_v),
         "scores": 2 * h * T * S * d_k,
@@ -152,5 +152,5 @@ def kv_cache_bytes(n_layers, n_kv_heads, d_k, seq_len, batch=1, bytes_per_value=
     }
     total = 2
     for name, value in sizes.items():
-        total *= check_positive_int(func, name, value)
+        total *= validate_positive_int(func, name, value)
     return total

@@ -27,7 +27,7 @@ from matplotlib.cm import ScalarMappable
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 
-from ._checks import check_positive_int, check_shape, fail
+from ._validate import fail, validate_positive_int, validate_shape
 from .cost import attention_flops, param_count
 from .multihead import MultiHeadAttention
 from .plotting import TOKENS
@@ -53,7 +53,7 @@ def toy_embeddings(d_model: int, tokens=TOKENS) -> np.ndarray:
     >>> toy_embeddings(48).shape
     (11, 48)
     """
-    d_model = check_positive_int("toy_embeddings", "d_model", d_model)
+    d_model = validate_positive_int("toy_embeddings", "d_model", d_model)
     return np.random.default_rng(EMBEDDING_SEED).normal(size=(len(tokens), d_model))
 
 
@@ -107,7 +107,7 @@ def plot_heads(weights, tokens_q=TOKENS, tokens_k=None, *, titles=None, suptitle
     tokens_q = list(tokens_q)
     tokens_k = tokens_q if tokens_k is None else list(tokens_k)
     known = {"T": (len(tokens_q), "tokens_q"), "S": (len(tokens_k), "tokens_k")}
-    h, T, S = check_shape(func, "weights", weights, ("h", "T", "S"), known, batch=False).values()
+    h, T, S = validate_shape(func, "weights", weights, ("h", "T", "S"), known, batch=False).values()
     titles = [f"{_HEAD_LABEL}{i + 1}" for i in range(h)] if titles is None else list(titles)
     if len(titles) != h:
         raise fail(func, f"titles has {len(titles)} entries; expected h={h}")
@@ -231,9 +231,9 @@ def draw_explorer(h, d_k, *, d_model=48, hold_d_model=True, seed=0, fig=None):
     (12, 4, (4, 11, 11))
     """
     func = "draw_explorer"
-    h = check_positive_int(func, "h", h)
-    d_model = check_positive_int(func, "d_model", d_model)
-    d_k = None if hold_d_model else check_positive_int(func, "d_k", d_k)
+    h = validate_positive_int(func, "h", h)
+    d_model = validate_positive_int(func, "d_model", d_model)
+    d_k = None if hold_d_model else validate_positive_int(func, "d_k", d_k)
     summary = {"h": h, "d_k": d_k, "d_model": d_model, "heads_drawn": 0, "param_count": None,
                "flops": None, "weights_shape": None, "weights_values": 0, "weights": None,
                "error": None}
@@ -337,7 +337,7 @@ def explorer(*, d_model=48, seed=0):
     """
     import ipywidgets as widgets
 
-    d_model = check_positive_int("explorer", "d_model", d_model)
+    d_model = validate_positive_int("explorer", "d_model", d_model)
     h0 = 4 if d_model % 4 == 0 else 1
     h_slider = widgets.IntSlider(value=h0, min=1, max=16, description="h",
                                  continuous_update=False)

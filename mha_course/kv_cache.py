@@ -1,7 +1,8 @@
-"""The KV cache: decode one token at a time without recomputing the past.
+"""The KV cache's storage: the keys and values a layer has seen, and how the buffers grow.
 
-Taught in the later lesson on the KV cache, MQA and GQA (see "Beyond the article" in the
-design notes); the lesson will stand on this module.
+Taught in ``notebooks/06_decoding.ipynb``. The decoding step itself is
+``MultiHeadAttention.decode_step`` (:mod:`mha_course.multihead`), built from the same pieces as
+the layer's forward pass; this module only stores.
 
 A decoder generates token ``t`` from tokens ``0..t``. Under a causal mask the keys and values
 of tokens ``0..t-1`` do not change when token ``t`` arrives, so a layer can keep them (projected,
@@ -23,13 +24,9 @@ it by ``h / n_kv_heads``.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from ._checks import _fmt_shape, as_float_array, check_positive_int, check_shape, fail
-from .attention import _weights_from_scores
-from .multihead import split_heads
+from ._validate import as_float_array, fail, fmt_shape, validate_positive_int, validate_shape
 
 # First allocation of a growing cache (max_len=None), in positions; it then doubles.
 _INITIAL_CAPACITY = 16
@@ -46,7 +43,7 @@ def _batch_shape(func: str, batch_shape) -> tuple[int, ...]:
             func, f"batch_shape={batch_shape!r} must be a tuple of integers, e.g. () or (B,)"
         ) from None
     return tuple(
-        check_positive_int(func, f"batch_shape[{i}]", n, minimum=0) for i, n in enumerate(items)
+        validate_positive_int(func, f"batch_shape[{i}]", n, minimum=0) for i, n in enumerate(items)
     )
 
 
@@ -79,6 +76,9 @@ class KVCache:
     max_len : int or None
     n_kv_heads, d_k, d_v : int
         Copied from the layer.
+    tokens_seen : int
+        Positions appended so far (equal to ``len(cache)``): the position of the next token,
+        which RoPE needs.
 
     Raises
     ------
@@ -101,9 +101,10 @@ class KVCache:
         func = "KVCache"
         self.layer = layer
         self.batch_shape = _batch_shape(func, batch_shape)
-        self.max_len = None if max_len is None else check_positive_int(func, "max_len", max_len)
+        self.max_len = None if max_len is None else validate_positive_int(func, "max_len", max_len)
         self.n_kv_heads, self.d_k, self.d_v = layer.n_kv_heads, layer.d_k, layer.d_v
         self._len = 0
+        self.tokens_seen = 0  # positions appended so far: the RoPE position of the next token
         self._k = self._v = None  # (..., n_kv_heads, capacity, d_k | d_v) once allocated
         if dtype is not None:
             dtype = np.dtype(dtype)
@@ -159,8 +160,12 @@ class KVCache:
             new_v[..., : self._len, :] = self._v[..., : self._len, :]
         self._k, self._v = new_k, new_v
 
-    def _check_room(self, func: str, n: int) -> None:
-        """Raise if ``n`` more positions would exceed ``max_len``."""
+    def require_room(self, n: int, func: str = "KVCache.append") -> None:
+        """Raise a ``ValueError`` naming ``func`` if ``n`` more positions would exceed ``max_len``.
+
+        Callers that compute before they append (``decode_step``) ask first, so a full cache
+        refuses the step before anything changes.
+        """
         if self.max_len is not None and self._len + n > self.max_len:
             raise fail(
                 func,
@@ -192,25 +197,23 @@ class KVCache:
         >>> len(cache), cache.values.shape
         (3, (2, 3, 4))
         """
-        self._append("KVCache.append", k, v)
-
-    def _append(self, func: str, k, v) -> None:
+        func = "KVCache.append"
         k = as_float_array(func, "k", k)
         v = as_float_array(func, "v", v)
         expect = (*self.batch_shape, self.n_kv_heads)
         n = k.shape[-2] if k.ndim >= 2 else -1
         for name, arr, d, letter in ((("k", k, self.d_k, "d_k"), ("v", v, self.d_v, "d_v"))):
-            check_shape(func, name, arr, ("n_kv_heads", "n", letter),
+            validate_shape(func, name, arr, ("n_kv_heads", "n", letter),
                         {"n_kv_heads": (self.n_kv_heads, "the cache"), "n": (n, "k"),
                          letter: (d, "the cache")})
             if arr.shape[:-2] != expect:
                 raise fail(
                     func,
-                    f"{name} has shape {_fmt_shape(arr.shape)}; expected "
-                    f"(..., n_kv_heads, n, {letter}) with ... = {_fmt_shape(self.batch_shape)} "
+                    f"{name} has shape {fmt_shape(arr.shape)}; expected "
+                    f"(..., n_kv_heads, n, {letter}) with ... = {fmt_shape(self.batch_shape)} "
                     f"(from the cache)",
                 )
-        self._check_room(func, n)
+        self.require_room(n, func)
         needed = self._len + n
         if self._k is None:
             self._allocate(self.max_len or max(_INITIAL_CAPACITY, needed), k.dtype)
@@ -220,6 +223,7 @@ class KVCache:
         self._k[..., self._len : needed, :] = k
         self._v[..., self._len : needed, :] = v
         self._len = needed
+        self.tokens_seen += n
 
     def __repr__(self) -> str:
         return (
@@ -227,60 +231,3 @@ class KVCache:
             f"batch_shape={self.batch_shape}, n_kv_heads={self.n_kv_heads}, d_k={self.d_k}, "
             f"d_v={self.d_v}, dtype={self.dtype})"
         )
-
-
-def decode_step(layer, x_t, cache: KVCache) -> tuple[np.ndarray, np.ndarray]:
-    """One decoding step of ``layer`` with a KV cache; see :meth:`MultiHeadAttention.decode_step`.
-
-    The new token's query attends to every cached key including its own (causal by
-    construction). Query heads are grouped as ``(..., g, h/g, d_k)`` so that each K/V head
-    serves its ``h/g`` query heads in one matmul, without repeating the cached K and V.
-    """
-    func = "MultiHeadAttention.decode_step"
-    if not isinstance(cache, KVCache):
-        raise fail(
-            func,
-            f"cache is a {type(cache).__name__}; expected a KVCache from this layer's init_cache()",
-        )
-    if cache.layer is not layer:
-        raise fail(
-            func,
-            f"cache was made by another layer ({cache.layer!r}); each layer needs its own "
-            "cache: make one with this layer's init_cache()",
-        )
-    x_t = as_float_array(func, "x_t", x_t)
-    d_model = layer.d_model
-    check_shape(func, "x_t", x_t, ("1", "d_model"), {"d_model": (d_model, "the layer")})
-    batch = x_t.shape[:-2]
-    if x_t.shape[-2] != 1 or batch != cache.batch_shape:
-        also = "" if batch == cache.batch_shape else (
-            f"... = {_fmt_shape(cache.batch_shape)} (from the cache), "
-        )
-        raise fail(
-            func,
-            f"x_t has shape {_fmt_shape(x_t.shape)}; expected (..., 1, d_model) with "
-            f"{also}d_model={d_model} (from the layer)",
-        )
-    cache._check_room(func, 1)  # before anything is computed or stored
-
-    h, g, d_k, d_v = layer.h, layer.n_kv_heads, layer.d_k, layer.d_v
-    dtype = x_t.dtype
-    k = layer._project(x_t, layer.W_k, layer.b_k, dtype)  # (..., 1, g*d_k)
-    v = layer._project(x_t, layer.W_v, layer.b_v, dtype)  # (..., 1, g*d_v)
-    cache._append(func, split_heads(k, g), split_heads(v, g))  # as (..., g, 1, d_k | d_v)
-    keys, values = cache.keys, cache.values  # (..., g, L, d_k), (..., g, L, d_v)
-    L = keys.shape[-2]
-
-    q = layer._project(x_t, layer.W_q, layer.b_q, dtype)  # (..., 1, h*d_k)
-    q *= 1.0 / math.sqrt(d_k)
-    # One position: (..., 1, h*d_k) -> (..., g, h/g, d_k), query head j*(h/g) + m at [j, m]
-    q = q.reshape(*batch, g, h // g, d_k)
-    # (..., g, h/g, d_k) @ (..., g, d_k, L) -> (..., g, h/g, L); no mask: every cached key is
-    # at or before the new token. The max-shift is kept: it costs O(h·L), negligible here.
-    scores = q @ np.swapaxes(keys, -1, -2)
-    weights = _weights_from_scores(scores, None, shift=True)
-    # (..., g, h/g, L) @ (..., g, L, d_v) -> (..., g, h/g, d_v) -> (..., 1, h*d_v): the heads
-    # are already in merge_heads order
-    concat = (weights @ values).reshape(*batch, 1, h * d_v)
-    out = layer._project(concat, layer.W_o, layer.b_o, concat.dtype)  # (..., 1, d_model)
-    return out, weights.reshape(*batch, h, 1, L)

@@ -1,6 +1,14 @@
-"""Multi-head attention: split and merge heads, and the ``MultiHeadAttention`` layer.
+"""The ``MultiHeadAttention`` layer, composed of the pieces the lessons teach.
 
-Taught in ``notebooks/04_multi_head_attention.ipynb``.
+Taught in ``notebooks/04_multi_head_attention.ipynb``; its options in later lessons: RoPE
+(``notebooks/05_layer_to_model.ipynb``), GQA/MQA and decoding with a KV cache
+(``notebooks/06_decoding.ipynb``), the backward pass (``notebooks/08_learning.ipynb``).
+
+``forward`` is exactly lesson 04's recipe: project -> :func:`~mha_course.split_heads` ->
+(RoPE) -> :func:`~mha_course.scaled_dot_product_attention` -> :func:`~mha_course.merge_heads`
+-> ``W_o``. :meth:`MultiHeadAttention.decode_step` uses the same pieces on one new token and a
+:class:`~mha_course.KVCache`. A forward ordered for speed and memory lives beside it, in
+:mod:`mha_course.lean`, tested equal to this one.
 
 Layout: the fused projection ``W_q`` of shape (d_model, h*d_k) holds head ``i`` in columns
 ``i*d_k : (i+1)*d_k``; that is exactly the article's per-head matrices ``W_q[i]`` of shape
@@ -10,136 +18,24 @@ Layout: the fused projection ``W_q`` of shape (d_model, h*d_k) holds head ``i`` 
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from ._checks import _fmt_shape, as_float_array, check_mask, check_positive_int, check_shape, fail
-from .attention import _exp_is_safe, _weights_from_scores
-
-
-def split_heads(x, h: int) -> np.ndarray:
-    """Split the last axis into ``h`` heads and move the head axis before ``T``.
-
-    Parameters
-    ----------
-    x : ndarray, shape (..., T, h*d)
-    h : int
-        Number of heads; must divide the last axis.
-
-    Returns
-    -------
-    ndarray, shape (..., h, T, d)
-        A view of ``x`` (no copy): head ``i`` is ``x[..., i*d:(i+1)*d]``.
-
-    Raises
-    ------
-    ValueError
-        If ``x`` has fewer than 2 axes or ``h`` does not divide its last axis.
-
-    Examples
-    --------
-    >>> split_heads(np.zeros((3, 8)), h=2).shape
-    (2, 3, 4)
-    """
-    func = "split_heads"
-    h = check_positive_int(func, "h", h)
-    x = np.asarray(x)
-    check_shape(func, "x", x, ("T", "h*d"))
-    *lead, T, D = x.shape
-    if D % h:
-        raise fail(func, f"x has shape {x.shape}; its last axis {D} is not divisible by h={h}")
-    # (..., T, h*d) -> (..., T, h, d) -> (..., h, T, d)
-    return np.swapaxes(x.reshape(*lead, T, h, D // h), -2, -3)
-
-
-def merge_heads(x) -> np.ndarray:
-    """Inverse of :func:`split_heads`: (..., h, T, d) -> (..., T, h*d).
-
-    Parameters
-    ----------
-    x : ndarray, shape (..., h, T, d)
-
-    Returns
-    -------
-    ndarray, shape (..., T, h*d)
-        The heads side by side, head ``i`` in columns ``i*d:(i+1)*d``.
-
-    Raises
-    ------
-    ValueError
-        If ``x`` has fewer than 3 axes.
-
-    Examples
-    --------
-    >>> merge_heads(np.zeros((2, 3, 4))).shape
-    (3, 8)
-    """
-    x = np.asarray(x)
-    check_shape("merge_heads", "x", x, ("h", "T", "d"))
-    *lead, h, T, d = x.shape
-    # (..., h, T, d) -> (..., T, h, d) -> (..., T, h*d)
-    return np.swapaxes(x, -3, -2).reshape(*lead, T, h * d)
-
-
-def _stack_heads(func: str, name: str, heads) -> np.ndarray:
-    """[h][d_model, d] (a sequence of h matrices, or one (h, d_model, d) array) -> (h, d_model, d).
-
-    Each matrix is checked against the first, so ragged input gets a named error rather than
-    NumPy's "inhomogeneous shape".
-    """
-    if isinstance(heads, np.ndarray):
-        return as_float_array(func, name, heads)
-    heads = [as_float_array(func, f"{name}[{i}]", w) for i, w in enumerate(heads)]
-    if not heads:
-        raise fail(func, f"{name} is empty; expected h >= 1 matrices of shape (d_model, d)")
-    first = heads[0]
-    for i, w in enumerate(heads):
-        check_shape(func, f"{name}[{i}]", w, ("d_model", "d"),
-                    {"d_model": (first.shape[0], f"{name}[0]"),
-                     "d": (first.shape[-1], f"{name}[0]")} if first.ndim == 2 else None,
-                    batch=False)
-    return np.stack(heads)
-
-
-def _head_dims(func: str, d_model, h, d_k, d_v) -> tuple[int, int, int, int]:
-    """Validate the layer's sizes; fill in d_k = d_model / h and d_v = d_k when not given."""
-    d_model = check_positive_int(func, "d_model", d_model)
-    h = check_positive_int(func, "h", h)
-    if d_k is None:
-        if d_model % h:
-            raise fail(func, f"d_model={d_model} is not divisible by h={h}; pass d_k explicitly")
-        d_k = d_model // h
-    d_k = check_positive_int(func, "d_k", d_k)
-    d_v = d_k if d_v is None else check_positive_int(func, "d_v", d_v)
-    return d_model, h, d_k, d_v
-
-
-def _kv_heads(func: str, h: int, n_kv_heads) -> int:
-    """Validate the number of key/value heads (None means ``h``); it must divide ``h``."""
-    if n_kv_heads is None:
-        return h
-    n_kv_heads = check_positive_int(func, "n_kv_heads", n_kv_heads)
-    if h % n_kv_heads:
-        divisors = [g for g in range(1, h + 1) if h % g == 0]
-        raise fail(
-            func,
-            f"n_kv_heads={n_kv_heads} does not divide h={h}; each key/value head serves "
-            f"h/n_kv_heads query heads, so choose one of {divisors}",
-        )
-    return n_kv_heads
-
-
-def _group_heads(x: np.ndarray, g: int) -> np.ndarray:
-    """(..., h, T, d) -> (..., g, h/g, T, d): query heads ``j*h/g`` to ``(j+1)*h/g - 1`` share
-    key/value head ``j``.
-
-    Always a view (splitting one axis never needs a copy), so ``forward`` can write its heads
-    through it; matmul against K/V heads of shape (..., g, 1, S, d) then broadcasts each K/V
-    head over its group without repeating it.
-    """
-    *lead, h, T, d = x.shape
-    return x.reshape(*lead, g, h // g, T, d)
+from ._validate import as_float_array, fail, fmt_shape, validate_mask, validate_shape
+from .attention import scaled_dot_product_attention
+from .backward import SavedActivations, backward
+from .heads import (
+    fuse_per_head,
+    group_heads,
+    head_dims,
+    kv_for_groups,
+    kv_head_count,
+    merge_heads,
+    project,
+    split_heads,
+    ungroup_heads,
+)
+from .kv_cache import KVCache
+from .positions import apply_rope, validate_layout
 
 
 class MultiHeadAttention:
@@ -173,6 +69,13 @@ class MultiHeadAttention:
     n_kv_heads : int, optional
         Number of key/value heads ``g``; must divide ``h``. Default (None): ``h``, the standard
         layer (its weights and outputs are exactly those of a layer built without it).
+    rope : {None, "half", "interleaved"}, default None
+        Rotary position embeddings (:func:`~mha_course.apply_rope`) on every query and key
+        head, never on the values: ``"half"`` pairs features ``(j, j + d_k/2)`` (GPT-NeoX,
+        Hugging Face), ``"interleaved"`` pairs ``(2j, 2j + 1)`` (Meta Llama, GPT-J). Needs an
+        even ``d_k``; self-attention only (queries and keys must share positions).
+    rope_base : float, default 10000.0
+        RoPE's base (500000 in Llama 3).
 
     Attributes
     ----------
@@ -184,12 +87,15 @@ class MultiHeadAttention:
     W_o : ndarray, shape (h*d_v, d_model)
     b_q, b_k, b_v, b_o : ndarray or None
         Shapes (h*d_k,), (g*d_k,), (g*d_v,), (d_model,) when ``bias=True``.
+    rope : str or None
+    rope_base : float
 
     Raises
     ------
     ValueError
         If a size is not a positive integer, ``h`` does not divide ``d_model`` and no ``d_k``
-        is given, or ``n_kv_heads`` does not divide ``h``.
+        is given, ``n_kv_heads`` does not divide ``h``, or ``rope`` is not None, "half" or
+        "interleaved" (or is given with an odd ``d_k``).
 
     Examples
     --------
@@ -202,11 +108,20 @@ class MultiHeadAttention:
     ((8, 4), (4, 3, 3))
     """
 
-    def __init__(self, d_model, h, d_k=None, d_v=None, *, bias=False, rng=None, n_kv_heads=None):
-        d_model, h, d_k, d_v = _head_dims("MultiHeadAttention", d_model, h, d_k, d_v)
-        g = _kv_heads("MultiHeadAttention", h, n_kv_heads)
+    def __init__(self, d_model, h, d_k=None, d_v=None, *, bias=False, rng=None, n_kv_heads=None,
+                 rope=None, rope_base=10000.0):
+        func = "MultiHeadAttention"
+        d_model, h, d_k, d_v = head_dims(func, d_model, h, d_k, d_v)
+        g = kv_head_count(func, h, n_kv_heads)
         self.d_model, self.h, self.d_k, self.d_v = d_model, h, d_k, d_v
         self.n_kv_heads = g
+        if rope is not None:
+            validate_layout(func, rope)
+            if d_k % 2:
+                raise fail(func, f"rope={rope!r} turns pairs of features, so d_k={d_k} must "
+                                 "be even")
+            apply_rope(np.zeros((1, d_k)), base=rope_base)  # refuses a bad base, by name
+        self.rope, self.rope_base = rope, float(rope_base)
         rng = np.random.default_rng(rng)
 
         def xavier(fan_in, fan_out):
@@ -226,7 +141,8 @@ class MultiHeadAttention:
 
     # ----------------------------------------------------------------- the article's layout
     @classmethod
-    def from_per_head(cls, W_q, W_k, W_v, W_o, *, b_q=None, b_k=None, b_v=None, b_o=None):
+    def from_per_head(cls, W_q, W_k, W_v, W_o, *, b_q=None, b_k=None, b_v=None, b_o=None,
+                      **options):
         """Build the layer from the article's per-head matrices.
 
         Parameters
@@ -241,6 +157,8 @@ class MultiHeadAttention:
         b_k, b_v : sequence of g arrays (d_k,) / (d_v,), optional
         b_o : ndarray, shape (d_model,), optional
             Give all four biases or none.
+        **options
+            ``rope`` and ``rope_base``, as for the constructor.
 
         Returns
         -------
@@ -259,52 +177,12 @@ class MultiHeadAttention:
         >>> MultiHeadAttention.from_per_head(heads, heads, heads, np.eye(4)).W_q.shape
         (4, 4)
         """
-        func = "MultiHeadAttention.from_per_head"
-        stacked = {}
-        for name, arr in (("W_q", W_q), ("W_k", W_k), ("W_v", W_v)):
-            stacked[name] = _stack_heads(func, name, arr)
-        W_o = as_float_array(func, "W_o", W_o)
-        per_head = ("h", "d_model", "d_k")
-        h, d_model, d_k = check_shape(func, "W_q", stacked["W_q"], per_head, batch=False).values()
-        # GQA: W_k may hold fewer heads g (a divisor of h); its axis is then named n_kv_heads.
-        W_k_ = stacked["W_k"]
-        g = W_k_.shape[0] if W_k_.ndim == 3 else h
-        kv = "h" if g == h else "n_kv_heads"
-        if g != h and (g < 1 or h % g):
-            raise fail(
-                func,
-                f"W_k has shape {_fmt_shape(W_k_.shape)}; expected (n_kv_heads, d_model, d_k) "
-                f"with n_kv_heads dividing h={h} (from W_q)",
-            )
-        known = {kv: (h, "W_q"), "d_model": (d_model, "W_q"), "d_k": (d_k, "W_q")}
-        if g != h:
-            known.pop(kv)
-        check_shape(func, "W_k", W_k_, (kv, "d_model", "d_k"), known, batch=False)
-        known.pop("d_k")
-        known[kv] = (g, "W_q" if g == h else "W_k")
-        known = {kv: known.pop(kv), **known}  # letters in the order of the shape
-        d_v = check_shape(func, "W_v", stacked["W_v"], (kv, "d_model", "d_v"), known, batch=False)
-        d_v = d_v["d_v"]
-        fused = {"h*d_k": (h * d_k, "W_q"), "h*d_v": (h * d_v, "W_v"), "d_model": (d_model, "W_q")}
-        if g != h:
-            fused.update({f"{kv}*d_k": (g * d_k, "W_k"), f"{kv}*d_v": (g * d_v, "W_v")})
-        check_shape(func, "W_o", W_o, ("h*d_v", "d_model"), fused, batch=False)
-        biases = {"b_q": b_q, "b_k": b_k, "b_v": b_v, "b_o": b_o}
-        if any(b is not None for b in biases.values()) and any(b is None for b in biases.values()):
-            raise fail(func, "give all four biases b_q, b_k, b_v, b_o, or none")
-        layer = cls(d_model, h, d_k, d_v, bias=b_q is not None, n_kv_heads=g)
-        # [h][d_model, d] -> (d_model, h*d): head i in columns i*d:(i+1)*d
-        for name in ("W_q", "W_k", "W_v"):
-            setattr(layer, name, np.concatenate(list(stacked[name]), axis=1))
-        layer.W_o = np.array(W_o)
-        if layer.bias:
-            letters = {"b_q": "h*d_k", "b_k": f"{kv}*d_k", "b_v": f"{kv}*d_v", "b_o": "d_model"}
-            for name, b in biases.items():
-                # per-head biases [h][d] -> (h*d,); b_o is already (d_model,)
-                b = as_float_array(func, name, b)
-                b = b.reshape(-1) if name != "b_o" else b
-                check_shape(func, name, b, (letters[name],), fused, batch=False)
-                setattr(layer, name, np.array(b))
+        dims, params = fuse_per_head(
+            "MultiHeadAttention.from_per_head", W_q, W_k, W_v, W_o, b_q, b_k, b_v, b_o
+        )
+        layer = cls(**dims, bias="b_q" in params, **options)
+        for name, value in params.items():
+            setattr(layer, name, value)
         return layer
 
     def per_head(self) -> dict[str, np.ndarray]:
@@ -346,32 +224,36 @@ class MultiHeadAttention:
         names = ["W_q", "W_k", "W_v", "W_o"] + (["b_q", "b_k", "b_v", "b_o"] if self.bias else [])
         return {name: getattr(self, name) for name in names}
 
-    def _check_inputs(self, x, context, mask):
-        """The input checks of :meth:`forward` (and of the backward module's forward).
+    def validate_inputs(self, x, context, mask):
+        """The input validation of :meth:`forward` (and of :func:`mha_course.lean.lean_forward`).
 
-        Returns ``(x, context, mask, batch, T, S)``: float arrays (``context`` is ``x`` for
-        self-attention), the mask reshaped to (..., 1, T, S) so it applies to every head (or
-        None), and the broadcast batch axes of ``x`` and ``context``.
+        Returns ``(x, kv_input, mask)``: float arrays (``kv_input`` is ``x`` for
+        self-attention) and the mask as (..., 1, 1, T, S), ready to broadcast over the
+        (..., g, h/g, T, S) scores of the grouped query heads (or None).
         """
         func = "MultiHeadAttention"
         x = as_float_array(func, "x", x)
         known = {"d_model": (self.d_model, "the layer")}
-        T = check_shape(func, "x", x, ("T", "d_model"), known)["T"]
-        context = x if context is None else as_float_array(func, "context", context)
-        S = check_shape(func, "context", context, ("S", "d_model"), known)["S"]
+        T = validate_shape(func, "x", x, ("T", "d_model"), known)["T"]
+        if context is not None and self.rope is not None:
+            raise fail(func, f"rope={self.rope!r} rotates queries and keys by their positions in "
+                             "one sequence; cross-attention (context=...) has no shared "
+                             "positions: build the layer with rope=None")
+        kv_input = x if context is None else as_float_array(func, "context", context)
+        S = validate_shape(func, "context", kv_input, ("S", "d_model"), known)["S"]
         try:
-            batch = np.broadcast_shapes(x.shape[:-2], context.shape[:-2])
+            batch = np.broadcast_shapes(x.shape[:-2], kv_input.shape[:-2])
         except ValueError:
             raise fail(
                 func,
-                f"the batch axes of x {x.shape[:-2]} and context {context.shape[:-2]} "
+                f"the batch axes of x {x.shape[:-2]} and context {kv_input.shape[:-2]} "
                 "do not broadcast together",
             ) from None
-        m = check_mask(func, mask, (*batch, T, S), f"(..., T, S) = {(*batch, T, S)}")
+        m = validate_mask(func, mask, (*batch, T, S), f"(..., T, S) = {(*batch, T, S)}")
         if m is not None:
-            # (..., T, S) -> (..., 1, T, S): the same mask for every head
-            m = m.reshape((1,) * (2 - m.ndim) + m.shape)[..., None, :, :]
-        return x, context, m, batch, T, S
+            # (..., T, S) -> (..., 1, 1, T, S): the same mask for every group and head
+            m = m.reshape((1,) * (2 - m.ndim) + m.shape)[..., None, None, :, :]
+        return x, kv_input, m
 
     # ------------------------------------------------------------------------ the forward pass
     def forward(self, x, context=None, mask=None, *, return_cache=False):
@@ -386,21 +268,24 @@ class MultiHeadAttention:
         mask : ndarray of bool, broadcastable to (..., T, S), optional
             ``True`` = may attend; applied to every head.
         return_cache : bool, default False
-            Return ``(out, cache)`` instead, where ``cache`` keeps what :meth:`backward` needs
-            (the weights are ``cache.weights``).
+            Return ``(out, saved)`` instead, where ``saved`` holds the saved activations
+            (:class:`~mha_course.backward.SavedActivations`) that :meth:`backward` needs; the
+            weights are ``saved.weights``.
 
         Returns
         -------
         out : ndarray, shape (..., T, d_model)
             In ``x``'s dtype (float32 in, float32 out).
         weights : ndarray, shape (..., h, T, S)
-            Every head's attention weights (or the cache, with ``return_cache=True``).
+            Every head's attention weights (or the saved activations, with
+            ``return_cache=True``).
 
         Raises
         ------
         ValueError
             On a wrong last axis, batch axes of ``x`` and ``context`` that do not broadcast, a
-            mask that does not broadcast to (..., T, S), or non-float input.
+            mask that does not broadcast to (..., T, S), non-float input, or ``context`` given
+            to a layer with RoPE.
 
         Examples
         --------
@@ -409,57 +294,31 @@ class MultiHeadAttention:
         >>> out.shape, weights.shape
         ((4, 3, 8), (4, 2, 3, 5))
         """
+        x, kv_input, mask = self.validate_inputs(x, context, mask)
+        dtype = np.result_type(x, kv_input)
+        h, g = self.h, self.n_kv_heads
+        q = split_heads(project(x, self.W_q, self.b_q, dtype), h)  # (..., h, T, d_k)
+        k = split_heads(project(kv_input, self.W_k, self.b_k, dtype), g)  # (..., g, S, d_k)
+        v = split_heads(project(kv_input, self.W_v, self.b_v, dtype), g)  # (..., g, S, d_v)
+        if self.rope is not None:  # rotate queries and keys by their positions, never values
+            q = apply_rope(q, base=self.rope_base, layout=self.rope)  # (..., h, T, d_k)
+            k = apply_rope(k, base=self.rope_base, layout=self.rope)  # (..., g, S, d_k)
+        # GQA: the query heads in g groups, each against its one K/V head (broadcast views;
+        # with g = h, the standard layer, every group holds one head).
+        heads, weights = scaled_dot_product_attention(
+            group_heads(q, g),  # (..., g, h/g, T, d_k)
+            kv_for_groups(k),  # (..., g, 1, S, d_k)
+            kv_for_groups(v),  # (..., g, 1, S, d_v)
+            mask=mask,  # (..., 1, 1, T, S)
+        )  # -> (..., g, h/g, T, d_v), (..., g, h/g, T, S)
+        heads, weights = ungroup_heads(heads), ungroup_heads(weights)  # (..., h, T, d_v | S)
+        concat = merge_heads(heads)  # (..., h, T, d_v) -> (..., T, h*d_v)
+        out = project(concat, self.W_o, self.b_o, dtype)  # (..., T, h*d_v) -> (..., T, d_model)
         if return_cache:
-            # The training path keeps every intermediate the backward pass needs (lesson on
-            # backprop); the plain path below is ordered for speed and memory instead.
-            from .backward import forward_with_cache
-
-            return forward_with_cache(self, x, context, mask)
-        x, context, m, batch, T, S = self._check_inputs(x, context, mask)
-
-        # Each head computes scaled_dot_product_attention(q_i, k_i, v_i, mask); the steps are
-        # written out here (with its private helpers) only to order them for memory: peak memory
-        # is the (..., h, T, S) weights plus two (..., T, h*d) arrays, not four or five.
-        dtype = np.result_type(x, context)
-        h, d_k, d_v, g = self.h, self.d_k, self.d_v, self.n_kv_heads
-        q = self._project(x, self.W_q, self.b_q, dtype)  # (..., T, h*d_k)
-        # Memory: scale our own q in place (no temporary copy); a python float keeps the dtype.
-        q *= 1.0 / math.sqrt(d_k)
-        k = self._project(context, self.W_k, self.b_k, dtype)  # (..., S, g*d_k)
-        # GQA: the h query heads in g groups, (..., g, h/g, T, d_k), against the g K/V heads
-        # as (..., g, 1, S, d_k): matmul broadcasts each K/V head over its group, so K and V
-        # are never repeated in memory. The standard layer is g = h: groups of one. All views.
-        q_heads = _group_heads(split_heads(q, h), g)
-        k_heads = split_heads(k, g)[..., None, :, :]
-        shift = not _exp_is_safe(q_heads, k_heads, dtype)  # before the big buffer exists
-        # (..., g, h/g, T, d_k) @ (..., g, 1, d_k, S) -> (..., g, h/g, T, S) -> (..., h, T, S),
-        # a free reshape of the new contiguous buffer. BLAS reads the strided views directly
-        # (measured: no slower than contiguous copies, which would cost memory).
-        scores = q_heads @ np.swapaxes(k_heads, -1, -2)
-        scores = scores.reshape(*scores.shape[:-4], h, T, S)
-        del k, k_heads  # memory: k is not needed once the scores exist
-        weights = _weights_from_scores(scores, m, shift)  # in place: scores become weights
-        # Memory: v is projected only now, after k is freed, so q, k and v never coexist with
-        # the (..., h, T, S) buffer.
-        v = self._project(context, self.W_v, self.b_v, dtype)  # (..., S, g*d_v)
-        # The heads are written straight into merge_heads layout (..., T, h*d_v) through a
-        # split_heads view, which saves merge_heads' copy; q's buffer is reused when it has the
-        # right shape (d_v == d_k and no batch broadcasting between x and context).
-        batch = weights.shape[:-3]
-        if q.shape[:-2] == batch and d_v == d_k:
-            concat = q
-        else:
-            concat = np.empty((*batch, T, h * d_v), dtype=dtype)
-        del q, q_heads
-        # (..., g, h/g, T, S) @ (..., g, 1, S, d_v) -> (..., g, h/g, T, d_v), stored as
-        # (..., T, h*d_v)
-        np.matmul(
-            _group_heads(weights, g),
-            split_heads(v, g)[..., None, :, :],
-            out=_group_heads(split_heads(concat, h), g),
-        )
-        del v
-        out = self._project(concat, self.W_o, self.b_o, dtype)  # (..., T, d_model)
+            params = {name: p.astype(dtype, copy=False) for name, p in self.parameters().items()}
+            saved_context = None if context is None else kv_input
+            return out, SavedActivations(self, x, saved_context, mask, q, k, v, weights,
+                                         concat, params, dtype)
         return out, weights
 
     __call__ = forward
@@ -494,16 +353,17 @@ class MultiHeadAttention:
         >>> len(cache), cache.keys.shape
         (0, (3, 2, 0, 4))
         """
-        from .kv_cache import KVCache
-
         return KVCache(self, batch_shape, max_len, dtype=dtype)
 
     def decode_step(self, x_t, cache):
         """Attend from one new position to itself and every earlier one, using ``cache``.
 
-        Appends the new key and value (one per K/V head) to ``cache``, then attends from the
-        new query to all ``L`` cached positions. Decoding T tokens one at a time gives the
-        rows of ``forward(x, mask=causal_mask(T))``, at O(d_model² + L·d_model) per step.
+        The forward pass's pieces on one token: project it, append its key and value (one per
+        K/V head) to ``cache``, attend its query over all ``L`` cached positions (no mask is
+        needed: every cached key is at or before the new token), merge the heads, ``W_o``.
+        Decoding T tokens one at a time gives the rows of ``forward(x, mask=causal_mask(T))``,
+        at O(d_model² + L·d_model) per step. With RoPE the new token sits at position
+        ``cache.tokens_seen``, the number of tokens before it.
 
         Parameters
         ----------
@@ -534,19 +394,66 @@ class MultiHeadAttention:
         >>> out_t.shape, weights_t.shape
         ((1, 8), (2, 1, 3))
         """
-        from .kv_cache import decode_step
+        x_t = self._validate_step(x_t, cache)
+        h, g, dtype = self.h, self.n_kv_heads, x_t.dtype
+        q = split_heads(project(x_t, self.W_q, self.b_q, dtype), h)  # (..., h, 1, d_k)
+        k = split_heads(project(x_t, self.W_k, self.b_k, dtype), g)  # (..., g, 1, d_k)
+        v = split_heads(project(x_t, self.W_v, self.b_v, dtype), g)  # (..., g, 1, d_v)
+        if self.rope is not None:  # the new token's position: the tokens already seen
+            position = np.array([cache.tokens_seen])
+            q = apply_rope(q, position, base=self.rope_base, layout=self.rope)
+            k = apply_rope(k, position, base=self.rope_base, layout=self.rope)
+        cache.append(k, v)  # keys (..., g, L, d_k), values (..., g, L, d_v)
+        heads, weights = scaled_dot_product_attention(
+            group_heads(q, g),  # (..., g, h/g, 1, d_k)
+            kv_for_groups(cache.keys),  # (..., g, 1, L, d_k)
+            kv_for_groups(cache.values),  # (..., g, 1, L, d_v)
+        )  # -> (..., g, h/g, 1, d_v), (..., g, h/g, 1, L)
+        heads, weights = ungroup_heads(heads), ungroup_heads(weights)  # (..., h, 1, d_v | L)
+        # (..., h, 1, d_v) -> (..., 1, h*d_v) -> (..., 1, d_model), in the cache's dtype if wider
+        out = project(merge_heads(heads), self.W_o, self.b_o, heads.dtype)
+        return out, weights
 
-        return decode_step(self, x_t, cache)
+    def _validate_step(self, x_t, cache) -> np.ndarray:
+        """:meth:`decode_step`'s input validation; the cache is not touched when it fails."""
+        func = "MultiHeadAttention.decode_step"
+        if not isinstance(cache, KVCache):
+            raise fail(
+                func,
+                f"cache is a {type(cache).__name__}; expected a KVCache from this layer's "
+                "init_cache()",
+            )
+        if cache.layer is not self:
+            raise fail(
+                func,
+                f"cache was made by another layer ({cache.layer!r}); each layer needs its own "
+                "cache: make one with this layer's init_cache()",
+            )
+        x_t = as_float_array(func, "x_t", x_t)
+        d_model = self.d_model
+        validate_shape(func, "x_t", x_t, ("1", "d_model"), {"d_model": (d_model, "the layer")})
+        batch = x_t.shape[:-2]
+        if x_t.shape[-2] != 1 or batch != cache.batch_shape:
+            also = "" if batch == cache.batch_shape else (
+                f"... = {fmt_shape(cache.batch_shape)} (from the cache), "
+            )
+            raise fail(
+                func,
+                f"x_t has shape {fmt_shape(x_t.shape)}; expected (..., 1, d_model) with "
+                f"{also}d_model={d_model} (from the layer)",
+            )
+        cache.require_room(1, func)  # before anything is computed or stored
+        return x_t
 
-    def backward(self, grad_out, cache) -> dict[str, np.ndarray]:
+    def backward(self, grad_out, saved) -> dict[str, np.ndarray]:
         """Gradients of a loss with respect to the inputs and every parameter.
 
         Parameters
         ----------
         grad_out : ndarray, shape (..., T, d_model)
             dLoss/dout for the ``out`` of ``forward(..., return_cache=True)``.
-        cache : object
-            The cache that call returned.
+        saved : SavedActivations
+            The saved activations that call returned.
 
         Returns
         -------
@@ -559,20 +466,14 @@ class MultiHeadAttention:
         --------
         mha_course.backward : the hand-written backward pass, taught step by step.
         """
-        from .backward import backward
-
-        return backward(self, grad_out, cache)
-
-    @staticmethod
-    def _project(x, W, b, dtype):
-        y = x @ W.astype(dtype, copy=False)
-        if b is not None:
-            y += b.astype(dtype, copy=False)
-        return y
+        return backward(self, grad_out, saved)
 
     def __repr__(self) -> str:
+        extra = f", n_kv_heads={self.n_kv_heads}" if self.n_kv_heads != self.h else ""
+        if self.rope is not None:
+            extra += f", rope={self.rope!r}"
+            extra += f", rope_base={self.rope_base:g}" if self.rope_base != 10000.0 else ""
         return (
             f"MultiHeadAttention(d_model={self.d_model}, h={self.h}, d_k={self.d_k}, "
-            f"d_v={self.d_v}, bias={self.bias}"
-            + (f", n_kv_heads={self.n_kv_heads})" if self.n_kv_heads != self.h else ")")
+            f"d_v={self.d_v}, bias={self.bias}{extra})"
         )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from ._checks import fail
+from ._validate import fail
 
 
 def _dims(func: str, name: str, a) -> tuple[int, int]:

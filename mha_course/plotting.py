@@ -9,7 +9,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ._checks import check_shape, fail
+from ._validate import fail, validate_shape
 
 #: The example sentence of the source article, used by lessons 03 and 04 and the explorer.
 SENTENCE = "the animal didn't cross the street because it was too tired"
@@ -56,7 +56,7 @@ def plot_weights(weights, tokens_q=TOKENS, tokens_k=None, ax=None, title=None,
     func = "plot_weights"
     weights = np.asarray(weights)
     tokens_k = tokens_q if tokens_k is None else tokens_k
-    check_shape(func, "weights", weights, ("T", "S"),
+    validate_shape(func, "weights", weights, ("T", "S"),
                 {"T": (len(tokens_q), "tokens_q"), "S": (len(tokens_k), "tokens_k")}, batch=False)
     if ax is None:
         _, ax = plt.subplots(figsize=(0.45 * len(tokens_k) + 2, 0.4 * len(tokens_q) + 1.5))

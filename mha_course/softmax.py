@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._checks import as_float_array, check_mask, fail
+from ._validate import as_float_array, fail, validate_mask
 
 
 def _prepare(func: str, x, axis: int, mask) -> tuple[np.ndarray, int, np.ndarray | None]:
@@ -21,7 +21,7 @@ def _prepare(func: str, x, axis: int, mask) -> tuple[np.ndarray, int, np.ndarray
         raise fail(func, "x has shape (); expected an array with at least one axis")
     if not -x.ndim <= axis < x.ndim:
         raise fail(func, f"axis={axis} is out of range for x with shape {x.shape}")
-    m = check_mask(func, mask, x.shape, f"x's shape {x.shape}")
+    m = validate_mask(func, mask, x.shape, f"x's shape {x.shape}")
     return x, axis, m
 
 
@@ -60,32 +60,36 @@ def softmax(x, axis: int = -1, mask=None) -> np.ndarray:
            [0. , 0. , 0. ]])
     """
     x, axis, m = _prepare("softmax", x, axis, mask)
-    out = x.copy() if m is None else np.where(m, x, -np.inf).astype(x.dtype, copy=False)
-    return _softmax_inplace(out, axis, masked=m is not None)
+    return softmax_inplace(x.copy(), axis, mask=m)
 
 
-def _softmax_inplace(
-    s: np.ndarray, axis: int = -1, masked: bool = True, shift: bool = True
-) -> np.ndarray:
-    """Softmax of ``s`` along ``axis``, overwriting ``s`` (masked entries already ``-inf``).
+def softmax_inplace(s: np.ndarray, axis: int = -1, mask=None) -> np.ndarray:
+    """Softmax of ``s`` along ``axis``, overwriting ``s``; entries where ``mask`` is False get 0.
 
-    The attention functions call this on their score buffer so that peak memory stays near one
-    (..., T, S) array. ``shift=False`` skips the max subtraction; the caller must have proved
-    that ``exp`` cannot overflow or underflow on ``s`` (see ``attention._exp_is_safe``).
+    The package's one softmax kernel: :func:`softmax` runs it on a copy, the attention
+    functions on their own score buffer, so that peak memory stays near one (..., T, S) array.
+    ``mask`` (bool, broadcastable to ``s``) must already be validated. A slice with every entry
+    masked becomes all 0, never NaN.
+
+    It does what lesson 02 teaches, in the same order: subtract each row's max, ``exp``, divide by
+    the row's sum (as a multiplication by the sum's reciprocal: measured on 8·512·512 scores,
+    float64, one thread, a division pass takes about 1.5x as long as a multiplication pass).
     """
+    masked = mask is not None
+    if masked:
+        np.copyto(s, -np.inf, where=~mask)
     if s.shape[axis] == 0:
         return s  # nothing to normalise (no keys): an empty slice, like a fully masked one
-    if shift:
-        row_max = s.max(axis=axis, keepdims=True)
-        if masked:
-            # A fully masked slice has max -inf; shifting by 0 leaves exp(-inf) = 0, no NaN.
-            row_max[~np.isfinite(row_max)] = 0
-        s -= row_max
+    row_max = s.max(axis=axis, keepdims=True)
+    if masked:
+        # A fully masked slice has max -inf; shifting by 0 leaves exp(-inf) = 0, no NaN.
+        row_max[~np.isfinite(row_max)] = 0
+    s -= row_max
     np.exp(s, out=s)
     total = s.sum(axis=axis, keepdims=True)
     if masked:
         total[total == 0] = 1
-    s /= total
+    s *= np.reciprocal(total, out=total)
     return s
 
 

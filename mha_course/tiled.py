@@ -1,8 +1,7 @@
 """Tiled attention with an online softmax: the idea behind FlashAttention, in NumPy.
 
-Taught in the later lesson on online softmax and tiled ("flash") attention (after
-``notebooks/04_multi_head_attention.ipynb``); until it lands, the docstring of
-:func:`tiled_attention` and the comments in its loop are the explanation.
+Taught in ``notebooks/07_flash_attention.ipynb``; the docstring of :func:`tiled_attention` and
+the comments in its loop are the short version.
 
 Standard attention (:func:`mha_course.scaled_dot_product_attention`) builds the whole
 (..., T, S) score matrix, softmaxes it and multiplies it by ``v``: memory grows as T·S. Tiled
@@ -20,8 +19,8 @@ import math
 
 import numpy as np
 
-from ._checks import check_positive_int
-from .attention import _check_qkv
+from ._validate import validate_positive_int
+from .attention import validate_qkv
 
 
 def tiled_attention(q, k, v, *, mask=None, causal=False, block_size=256) -> np.ndarray:
@@ -95,8 +94,8 @@ def tiled_attention(q, k, v, *, mask=None, causal=False, block_size=256) -> np.n
     True
     """
     func = "tiled_attention"
-    q, k, v, mask, batch, (T, S, d_k, d_v) = _check_qkv(func, q, k, v, mask)
-    block = check_positive_int(func, "block_size", block_size)
+    q, k, v, mask, batch, (T, S, d_k, d_v) = validate_qkv(func, q, k, v, mask)
+    block = validate_positive_int(func, "block_size", block_size)
     if mask is not None and mask.ndim < 2:  # (S,) -> (1, S): a row axis and a column axis to slice
         mask = mask.reshape((1,) * (2 - mask.ndim) + mask.shape)
 

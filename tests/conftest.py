@@ -5,6 +5,8 @@
   (``.ci/run`` sets it): then a missing torch is a failure, so CI cannot pass with the parity
   tests silently skipped.
 - ``rng``: a seeded NumPy generator, fresh for each test.
+- :func:`random_layer`: a ``MultiHeadAttention`` whose every parameter is random and nonzero
+  (imported by the test modules as ``from conftest import random_layer``).
 - Hypothesis settings: few, small examples and no deadline, so the suite stays fast on a shared
   2-core machine. Run ``pytest --hypothesis-profile=thorough`` for a longer search.
 
@@ -19,6 +21,8 @@ import os
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
+
+from mha_course import MultiHeadAttention
 
 TORCH_MISSING = (
     "install the 'reference' extra (pip install -e '.[reference]') to run the parity tests"
@@ -59,3 +63,17 @@ def torch():
 def rng():
     """A seeded generator, so every failure reproduces."""
     return np.random.default_rng(20240611)
+
+
+def random_layer(rng, bias=False, n_kv_heads=None, *, d_model, h, d_k=None, d_v=None, **options):
+    """A layer with N(0, 1/d_model) weights and (with ``bias``) nonzero biases, so every term
+    of every parameter matters in a comparison. ``options`` go to the constructor (``rope``).
+
+    Test modules bind their sizes once, e.g.
+    ``random_layer = functools.partial(conftest.random_layer, d_model=7, h=4, d_k=6, d_v=9)``.
+    """
+    layer = MultiHeadAttention(d_model, h, d_k, d_v, bias=bias, rng=rng, n_kv_heads=n_kv_heads,
+                               **options)
+    for name, p in layer.parameters().items():
+        setattr(layer, name, rng.normal(size=p.shape) / np.sqrt(d_model))
+    return layer

@@ -15,13 +15,15 @@ against our own zeros and ``gradient_check`` instead.
 
 from __future__ import annotations
 
+import functools
 import math
 
+import conftest
 import numpy as np
 import pytest
 
-from mha_course import MultiHeadAttention, causal_mask, merge_heads, padding_mask, split_heads
-from mha_course.backward import ForwardCache, backward, forward_with_cache, gradient_check
+from mha_course import causal_mask, merge_heads, padding_mask, split_heads
+from mha_course.backward import SavedActivations, backward, gradient_check
 
 TOL = 1e-10  # float64 max abs difference from torch autograd
 # gradient_check on the layer, with step EPS (near the optimum cbrt(float64 eps) for these O(1)
@@ -41,14 +43,10 @@ def rel_tolerance(grad):
     return max(REL, ROUNDOFF / (2 * nonzero.min())) if nonzero.size else REL
 # Every dimension different: B=2, T=3, h=4, S=5, d_k=6, d_model=7, d_v=9.
 B, T, H, S, D_K, D_MODEL, D_V = 2, 3, 4, 5, 6, 7, 9
+# the shared helper (tests/conftest.py) with this module's sizes
+random_layer = functools.partial(conftest.random_layer, d_model=D_MODEL, h=H, d_k=D_K, d_v=D_V)
 
 
-def random_layer(rng, bias=False, n_kv_heads=None):
-    """A layer with random parameters (biases nonzero too, so each one is tested)."""
-    layer = MultiHeadAttention(D_MODEL, H, D_K, D_V, bias=bias, rng=rng, n_kv_heads=n_kv_heads)
-    for name, p in layer.parameters().items():
-        setattr(layer, name, rng.normal(size=p.shape) / np.sqrt(D_MODEL))
-    return layer
 
 
 def loss_and_grads(layer, G, x, context=None, mask=None):
@@ -130,21 +128,22 @@ def make_inputs(rng, lead, cross, mask):
 @pytest.mark.parametrize("n_kv_heads", [None, 2, 1], ids=["mha", "gqa2", "mqa"])
 @pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
 @pytest.mark.parametrize("case", FORWARD_CASES)
-def test_forward_with_cache_equals_plain_forward(rng, case, bias, n_kv_heads):
+def test_return_cache_gives_the_plain_forward_and_its_saved_activations(rng, case, bias,
+                                                                       n_kv_heads):
     layer = random_layer(rng, bias, n_kv_heads)
     x, context, mask = make_inputs(rng, **FORWARD_CASES[case])
     out, weights = layer.forward(x, context, mask)
     out_c, cache = layer.forward(x, context, mask, return_cache=True)
-    assert isinstance(cache, ForwardCache) and cache.layer is layer
+    assert isinstance(cache, SavedActivations) and cache.layer is layer
     assert out_c.shape == out.shape and cache.weights.shape == weights.shape
     assert np.max(np.abs(out_c - out)) <= 1e-12
     assert np.max(np.abs(cache.weights - weights)) <= 1e-12
 
 
-def test_forward_with_cache_keeps_float32(rng):
+def test_saved_activations_keep_float32(rng):
     layer = random_layer(rng, bias=True)
     x = rng.normal(size=(B, T, D_MODEL)).astype(np.float32)
-    out, cache = forward_with_cache(layer, x, mask=causal_mask(T))
+    out, cache = layer.forward(x, mask=causal_mask(T), return_cache=True)
     grads = backward(layer, np.ones_like(out), cache)
     assert out.dtype == cache.weights.dtype == np.float32
     assert all(g.dtype == np.float32 for g in grads.values())
@@ -154,7 +153,7 @@ def test_forward_with_cache_keeps_float32(rng):
         np.testing.assert_allclose(grads[name], grads64[name], rtol=1e-4, atol=1e-5)
 
 
-def test_forward_with_cache_validates_like_forward(rng):
+def test_return_cache_validates_like_forward(rng):
     layer = random_layer(rng)
     bad = rng.normal(size=(T, D_MODEL + 1))
     with pytest.raises(ValueError) as plain:
@@ -164,7 +163,7 @@ def test_forward_with_cache_validates_like_forward(rng):
     assert str(cached.value) == str(plain.value)
     assert str(plain.value).startswith("MultiHeadAttention: x has shape (3, 8)")
     with pytest.raises(ValueError, match=r"MultiHeadAttention: mask has shape \(3, 4\)"):
-        forward_with_cache(layer, rng.normal(size=(T, D_MODEL)), mask=np.ones((T, 4), bool))
+        layer.forward(rng.normal(size=(T, D_MODEL)), mask=np.ones((T, 4), bool), return_cache=True)
 
 
 # -------------------------------------------------------------------- parity with torch autograd
@@ -398,9 +397,9 @@ def test_gradient_check_catches_a_wrong_gradient(rng, variant):
         d_q = merge_heads(d_scores * scale @ c.k)  # (B, T, h*d_k)
         return float(np.sum(out * G)), np.einsum("btd,bte->de", x, d_q)
 
-    err = gradient_check(f, layer.W_q.copy())
+    err = gradient_check(f, layer.W_q.copy(), eps=EPS)
     if variant == "correct":
-        assert err < REL
+        assert err < rel_tolerance(f(layer.W_q.copy())[1])
     else:
         assert err > 0.1, f"gradient_check missed the bug {variant!r}: relative error {err:.1e}"
 
@@ -453,15 +452,17 @@ def test_cache_from_another_layer_raises(rng):
     layer, other = random_layer(rng), random_layer(rng)
     out, cache = other.forward(rng.normal(size=(T, D_MODEL)), return_cache=True)
     with pytest.raises(ValueError,
-                       match=r"^MultiHeadAttention\.backward: the cache comes from another layer"):
+                       match=r"^MultiHeadAttention\.backward: the saved activations come from "
+                             r"another layer"):
         layer.backward(np.ones_like(out), cache)
 
 
 def test_something_that_is_not_a_cache_raises(rng):
     layer = random_layer(rng)
     out, weights = layer.forward(rng.normal(size=(T, D_MODEL)))
-    with pytest.raises(ValueError, match=r"^MultiHeadAttention\.backward: cache is a ndarray; "
-                       r"expected the cache that forward\(\.\.\., return_cache=True\) returned"):
+    with pytest.raises(ValueError, match=r"^MultiHeadAttention\.backward: saved is a ndarray; "
+                       r"expected the saved activations that forward\(\.\.\., return_cache=True\) "
+                       r"returned"):
         layer.backward(np.ones_like(out), weights)
 
 

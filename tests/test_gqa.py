@@ -8,9 +8,11 @@ after the same projections; ``n_kv_heads = h`` must be the standard layer, bit f
 
 from __future__ import annotations
 
+import functools
 import re
 import tracemalloc
 
+import conftest
 import numpy as np
 import pytest
 
@@ -27,15 +29,14 @@ from mha_course import (
 TOL = 1e-12  # float64 max abs difference
 # Every dimension different: B=2, T=3, S=5, h=4, d_k=6, d_v=7, d_model=10 (d_k given).
 B, T, S, H, D_K, D_V, D_MODEL = 2, 3, 5, 4, 6, 7, 10
+# the shared helper (tests/conftest.py) with this module's sizes
+random_layer = functools.partial(
+    conftest.random_layer, d_model=D_MODEL, h=H, d_k=D_K, d_v=D_V, bias=True
+)
 MHA = "MultiHeadAttention"
 FPH = "MultiHeadAttention.from_per_head"
 
 
-def random_layer(rng, n_kv_heads, bias=True):
-    layer = MultiHeadAttention(D_MODEL, H, D_K, D_V, bias=bias, rng=rng, n_kv_heads=n_kv_heads)
-    for name, p in layer.parameters().items():  # nonzero biases too, so each one is tested
-        setattr(layer, name, rng.normal(size=p.shape) / np.sqrt(D_MODEL))
-    return layer
 
 
 def projections(layer, x, context):
@@ -122,7 +123,7 @@ def test_standard_layer_keeps_its_weights_and_outputs_from_before_gqa():
 @pytest.mark.parametrize("g", [1, 2, 4])
 @pytest.mark.parametrize("case", list(CASES))
 def test_gqa_equals_a_loop_over_query_heads_reading_kv_head_i_over_group_size(rng, g, case):
-    layer = random_layer(rng, g)
+    layer = random_layer(rng, n_kv_heads=g)
     x, context, mask = make_case(rng, case)
     out, weights = layer(x, context=context, mask=mask)
     q, k, v = projections(layer, x, x if context is None else context)
@@ -142,7 +143,7 @@ def test_gqa_equals_a_loop_over_query_heads_reading_kv_head_i_over_group_size(rn
 @pytest.mark.parametrize("g", [1, 2])
 @pytest.mark.parametrize("case", list(CASES))
 def test_gqa_equals_repeating_kv_heads_through_standard_attention(rng, g, case):
-    layer = random_layer(rng, g)
+    layer = random_layer(rng, n_kv_heads=g)
     x, context, mask = make_case(rng, case)
     out, weights = layer(x, context=context, mask=mask)
     q, k, v = projections(layer, x, x if context is None else context)
@@ -157,7 +158,7 @@ def test_gqa_equals_repeating_kv_heads_through_standard_attention(rng, g, case):
 @pytest.mark.parametrize("g", [1, 2, 4])
 @pytest.mark.parametrize("case", list(CASES))
 def test_gqa_matches_torch_sdpa_with_enable_gqa(torch, rng, g, case):
-    layer = random_layer(rng, g)
+    layer = random_layer(rng, n_kv_heads=g)
     x, context, mask = make_case(rng, case)
     out, _ = layer(x, context=context, mask=mask)
     # The projections in torch, from the same float64 weights (torch: x @ W, as ours).
@@ -203,7 +204,7 @@ def test_gqa_forward_never_holds_repeated_keys_or_values():
 # ----------------------------------------------------------------------- the per-head layout
 @pytest.mark.parametrize("g", [1, 2, 4])
 def test_per_head_and_from_per_head_round_trip_with_gqa(rng, g):
-    layer = random_layer(rng, g)
+    layer = random_layer(rng, n_kv_heads=g)
     p = layer.per_head()
     assert p["W_q"].shape == (H, D_MODEL, D_K)
     assert p["W_k"].shape == (g, D_MODEL, D_K)
@@ -222,7 +223,7 @@ def test_per_head_and_from_per_head_round_trip_with_gqa(rng, g):
 
 
 def test_per_head_kv_head_j_is_the_columns_that_query_heads_of_group_j_read(rng):
-    layer = random_layer(rng, 2)  # h = 4: query heads 0, 1 read K/V head 0; 2, 3 read head 1
+    layer = random_layer(rng, n_kv_heads=2)  # h = 4: query heads 0, 1 read K/V head 0; 2, 3 head 1
     W_k = layer.per_head()["W_k"]
     np.testing.assert_array_equal(W_k[1], layer.W_k[:, D_K : 2 * D_K])
 

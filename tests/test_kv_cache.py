@@ -7,8 +7,10 @@ full, and refuse input that does not fit it, before it changes.
 
 from __future__ import annotations
 
+import functools
 import re
 
+import conftest
 import numpy as np
 import pytest
 
@@ -22,15 +24,14 @@ from mha_course import (
 
 # Every dimension different: T=7 tokens, h=4, d_k=6, d_v=5, d_model=10 (d_k given).
 T, H, D_K, D_V, D_MODEL = 7, 4, 6, 5, 10
+# the shared helper (tests/conftest.py) with this module's sizes
+random_layer = functools.partial(
+    conftest.random_layer, d_model=D_MODEL, h=H, d_k=D_K, d_v=D_V, bias=True
+)
 DECODE = "MultiHeadAttention.decode_step"
 TOL = {np.float64: 1e-12, np.float32: 1e-5}
 
 
-def random_layer(rng, n_kv_heads=None, bias=True):
-    layer = MultiHeadAttention(D_MODEL, H, D_K, D_V, bias=bias, rng=rng, n_kv_heads=n_kv_heads)
-    for name, p in layer.parameters().items():  # nonzero biases too, so each one is tested
-        setattr(layer, name, rng.normal(size=p.shape) / np.sqrt(D_MODEL))
-    return layer
 
 
 def decode(layer, x, cache):
@@ -47,7 +48,7 @@ def decode(layer, x, cache):
 def test_decoding_token_by_token_equals_the_full_causal_forward(
     rng, n_kv_heads, batch_shape, dtype, max_len
 ):
-    layer = random_layer(rng, n_kv_heads)
+    layer = random_layer(rng, n_kv_heads=n_kv_heads)
     x = rng.normal(size=(*batch_shape, T, D_MODEL)).astype(dtype)
     full_out, full_weights = layer(x, mask=causal_mask(T))
     cache = layer.init_cache(batch_shape, max_len=max_len)
@@ -63,7 +64,7 @@ def test_decoding_token_by_token_equals_the_full_causal_forward(
 
 @pytest.mark.parametrize("n_kv_heads", [None, 2, 1])
 def test_cache_holds_the_projected_keys_and_values_per_kv_head(rng, n_kv_heads):
-    layer = random_layer(rng, n_kv_heads)
+    layer = random_layer(rng, n_kv_heads=n_kv_heads)
     g = layer.n_kv_heads
     x = rng.normal(size=(2, T, D_MODEL))
     cache = layer.init_cache((2,))
@@ -77,7 +78,7 @@ def test_cache_holds_the_projected_keys_and_values_per_kv_head(rng, n_kv_heads):
 
 def test_appending_a_prompt_at_once_then_decoding_equals_the_causal_forward(rng):
     # Prefill: the prompt's keys and values go in with one append; decoding continues from it.
-    layer = random_layer(rng, 2)
+    layer = random_layer(rng, n_kv_heads=2)
     x = rng.normal(size=(3, T, D_MODEL))
     full_out, _ = layer(x, mask=causal_mask(T))
     cache = layer.init_cache((3,))
@@ -97,7 +98,7 @@ def test_decoding_float32_keeps_float32_in_the_cache(rng):
 
 # ---------------------------------------------------------------------------- memory
 def test_max_len_preallocates_once_and_never_reallocates(rng):
-    layer = random_layer(rng, 2)
+    layer = random_layer(rng, n_kv_heads=2)
     cache = layer.init_cache((3,), max_len=20, dtype=np.float64)
     assert len(cache) == 0 and cache.capacity == 20
     expected_bytes = 3 * 2 * 20 * (D_K + D_V) * 8  # batch·g·max_len·(d_k + d_v)·8 bytes
@@ -109,7 +110,7 @@ def test_max_len_preallocates_once_and_never_reallocates(rng):
 
 
 def test_a_growing_cache_doubles_so_appending_copies_little(rng):
-    layer = random_layer(rng, 1)
+    layer = random_layer(rng, n_kv_heads=1)
     cache = layer.init_cache()
     capacities, reallocations, buffer = [], 0, None
     for t in range(100):
@@ -265,7 +266,7 @@ def test_kv_cache_bytes_scales_with_batch_and_value_width():
 
 
 def test_kv_cache_bytes_agrees_with_a_layers_filled_cache(rng):
-    layer = random_layer(rng, 2)
+    layer = random_layer(rng, n_kv_heads=2)
     cache = layer.init_cache((3,), max_len=T)
     decode(layer, rng.normal(size=(3, T, D_MODEL)).astype(np.float32), cache)
     # d_v = 5 here, not d_k: count K and V separately with d_k alone, then compare halves

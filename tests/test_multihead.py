@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+
+import conftest
 import numpy as np
 import pytest
 from hypothesis import given
@@ -22,14 +25,10 @@ small = st.integers(1, 4)
 
 # B=2, T=3, S=5, d_model=7, h=2, d_k=4, d_v=6: every dimension different.
 B, T, S, D_MODEL, H, D_K, D_V = 2, 3, 5, 7, 2, 4, 6
+# the shared helper (tests/conftest.py) with this module's sizes
+random_layer = functools.partial(conftest.random_layer, d_model=D_MODEL, h=H, d_k=D_K, d_v=D_V)
 
 
-def random_layer(rng, bias=False, d_model=D_MODEL, h=H, d_k=D_K, d_v=D_V):
-    """A layer with normal weights and (when bias) nonzero biases, so every term matters."""
-    layer = MultiHeadAttention(d_model, h, d_k, d_v, bias=bias, rng=rng)
-    for name, p in layer.parameters().items():
-        setattr(layer, name, rng.normal(size=p.shape) / np.sqrt(d_model))
-    return layer
 
 
 def per_head_loop(W_q, W_k, W_v, W_o, x, context, mask=None, biases=None):

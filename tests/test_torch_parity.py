@@ -13,6 +13,9 @@ Conventions that differ between the two libraries, translated here:
 
 from __future__ import annotations
 
+import functools
+
+import conftest
 import numpy as np
 import pytest
 from hypothesis import given
@@ -31,17 +34,14 @@ pytestmark = pytest.mark.torch
 TOL = 1e-12  # float64 max abs difference
 # Every dimension different: B=2, T=3, h=4, S=5, d_k=6, d_model=24.
 B, T, H, S, D_MODEL = 2, 3, 4, 5, 24
+# the shared helper (tests/conftest.py) with this module's sizes
+random_layer = functools.partial(conftest.random_layer, d_model=D_MODEL, h=H)
 
 
 def max_abs_diff(ours, theirs):
     return float(np.max(np.abs(ours - theirs.detach().numpy())))
 
 
-def random_layer(rng, bias):
-    layer = MultiHeadAttention(D_MODEL, H, bias=bias, rng=rng)
-    for name, p in layer.parameters().items():  # nonzero biases too, so each one is tested
-        setattr(layer, name, rng.normal(size=p.shape) / np.sqrt(D_MODEL))
-    return layer
 
 
 def torch_copy(torch, layer):

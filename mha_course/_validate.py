@@ -1,11 +1,14 @@
-"""The one shape-checking helper every public function uses.
+"""Input validation: the one helper every public function uses to refuse bad input.
+
+(Named "validate", not "check": in this course a *check* is an exercise check,
+:mod:`mha_course.checks`, or the ``check`` command that grades notebooks.)
 
 Each error names the function, the argument, what it got and what it expected, with the
 shape letters filled in where they are known, e.g.::
 
     scaled_dot_product_attention: k has shape (5, 6); expected (S, d_k) with d_k=8 (from q)
 
-Checks raise ``ValueError`` (never ``assert``, which ``python -O`` removes).
+Every refusal is a ``ValueError`` (never ``assert``, which ``python -O`` removes).
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ def fail(func: str, message: str) -> ValueError:
     return ValueError(f"{func}: {message}")
 
 
-def _fmt_shape(shape) -> str:
+def fmt_shape(shape) -> str:
+    """A shape as Python prints a tuple: ``(5, 6)``, ``(3,)``, ``()``."""
     shape = tuple(int(n) for n in shape)
     return "(" + ", ".join(str(n) for n in shape) + ("," if len(shape) == 1 else "") + ")"
 
@@ -40,7 +44,7 @@ def as_float_array(func: str, name: str, x) -> np.ndarray:
     return arr
 
 
-def check_shape(
+def validate_shape(
     func: str,
     name: str,
     arr: np.ndarray,
@@ -76,7 +80,7 @@ def check_shape(
 
     Examples
     --------
-    >>> check_shape("f", "k", np.zeros((5, 8)), ("S", "d_k"), {"d_k": (8, "q")})
+    >>> validate_shape("f", "k", np.zeros((5, 8)), ("S", "d_k"), {"d_k": (8, "q")})
     {'S': 5, 'd_k': 8}
     """
     known = known or {}
@@ -90,13 +94,13 @@ def check_shape(
     show_batch = batch and (arr.ndim > n or not rank_ok)
     pattern = ", ".join((["..."] if show_batch else []) + list(letters))
     known_txt = ", ".join(f"{k}={v} (from {src})" for k, (v, src) in known.items() if k in letters)
-    message = f"{name} has shape {_fmt_shape(shape)}; expected ({pattern})"
+    message = f"{name} has shape {fmt_shape(shape)}; expected ({pattern})"
     if known_txt:
         message += f" with {known_txt}"
     raise fail(func, message)
 
 
-def check_mask(func: str, mask, target_shape: tuple[int, ...], target: str) -> np.ndarray | None:
+def validate_mask(func: str, mask, target_shape: tuple[int, ...], target: str) -> np.ndarray | None:
     """Check that ``mask`` is boolean and broadcasts to ``target_shape``; return it as an array.
 
     ``target`` spells the expected shape in letters, e.g. ``"(..., T, S) = (2, 3, 5)"``.
@@ -117,12 +121,12 @@ def check_mask(func: str, mask, target_shape: tuple[int, ...], target: str) -> n
     if not ok:
         raise fail(
             func,
-            f"mask has shape {_fmt_shape(m.shape)}; expected a shape that broadcasts to {target}",
+            f"mask has shape {fmt_shape(m.shape)}; expected a shape that broadcasts to {target}",
         )
     return m
 
 
-def check_positive_int(func: str, name: str, value, minimum: int = 1) -> int:
+def validate_positive_int(func: str, name: str, value, minimum: int = 1) -> int:
     """Check that ``value`` is an integer >= ``minimum``; return it as ``int``."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise fail(func, f"{name}={value!r} must be an integer >= {minimum}")

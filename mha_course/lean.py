@@ -1,0 +1,140 @@
+"""A memory-lean, faster forward pass of ``MultiHeadAttention``, beside the readable one.
+
+Taught in ``notebooks/07_flash_attention.ipynb`` (the performance lab); tested equal to
+``MultiHeadAttention.forward`` in ``tests/test_lean.py``.
+
+``MultiHeadAttention.forward`` is lesson 04's recipe, one step per line: it holds q, k, v, the
+scores (which become the weights), the heads and the merged heads. :func:`lean_forward` computes
+the same output and weights, ordered for the machine instead of the reader, as nanoGPT keeps its
+manual attention beside the flash call:
+
+1. **Blocks of query rows.** The scores are computed a block of query rows at a time straight
+   into the weights array, softmaxed there and multiplied by ``v`` while the block is still in the
+   CPU's cache, instead of three passes over a (..., h, T, S) array too large for it.
+2. **Heads written in place.** Each block's heads are written straight into the merged layout
+   (..., T, h*d_v) through a ``split_heads`` view, so no separate heads array and no
+   ``merge_heads`` copy; ``q`` is scaled in place.
+3. **Max subtraction skipped when provably useless.** Softmax subtracts each row's max so that
+   ``exp`` cannot overflow (lesson 02: always do it). By Cauchy-Schwarz every score obeys
+   ``|q_t·k_s| <= B = max_t |q_t| · max_s |k_s|``, which costs O((T + S)·d_k) to compute. When
+   ``B <= 0.4·ln(largest float)`` (35 for float32, 283 for float64) each ``exp`` lies in
+   ``[e^-B, e^B]``: no overflow, no underflow to 0, and a row sum of at most ``S·e^B`` is
+   representable, so the shift changes nothing but rounding, and its two passes (the row max, the
+   subtraction) are skipped. Large, inf or NaN inputs fail the test (NaN compares False) and take
+   the shifted path.
+
+Peak memory is the (..., h, T, S) weights (returned), q, k and v, the merged heads and one block.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .heads import group_heads, kv_for_groups, project, split_heads, ungroup_heads
+from .positions import apply_rope
+
+#: Bytes of scores per block of query rows (all heads and batch axes together): half of a
+#: 2 MiB L2 cache.
+BLOCK_BYTES = 1 << 20
+
+
+def lean_forward(layer, x, context=None, mask=None):
+    """``layer.forward(x, context, mask)``, ordered for speed and memory; same output and weights.
+
+    Parameters
+    ----------
+    layer : MultiHeadAttention
+        The layer whose parameters to use (GQA and RoPE included).
+    x, context, mask
+        As for ``MultiHeadAttention.forward``.
+
+    Returns
+    -------
+    out : ndarray, shape (..., T, d_model)
+    weights : ndarray, shape (..., h, T, S)
+        Equal to ``layer.forward``'s to round-off (float64: about 1e-15).
+
+    Raises
+    ------
+    ValueError
+        As ``MultiHeadAttention.forward``, with the same messages.
+
+    Examples
+    --------
+    >>> from mha_course import MultiHeadAttention, causal_mask
+    >>> layer = MultiHeadAttention(d_model=8, h=2, rng=0)
+    >>> x = np.random.default_rng(0).normal(size=(2, 5, 8))
+    >>> out, weights = lean_forward(layer, x, mask=causal_mask(5))
+    >>> bool(np.allclose(out, layer(x, mask=causal_mask(5))[0]))
+    True
+    """
+    x, kv_input, m = layer.validate_inputs(x, context, mask)  # m: (..., 1, 1, T, S) or None
+    dtype = np.result_type(x, kv_input)
+    h, g, d_k, d_v = layer.h, layer.n_kv_heads, layer.d_k, layer.d_v
+    T, S = x.shape[-2], kv_input.shape[-2]
+    batch = np.broadcast_shapes(x.shape[:-2], kv_input.shape[:-2])
+    q = project(x, layer.W_q, layer.b_q, dtype)  # (..., T, h*d_k)
+    q *= 1.0 / math.sqrt(d_k)  # in place; a python float keeps the dtype
+    k = project(kv_input, layer.W_k, layer.b_k, dtype)  # (..., S, g*d_k)
+    v = project(kv_input, layer.W_v, layer.b_v, dtype)  # (..., S, g*d_v)
+    q, k, v = split_heads(q, h), split_heads(k, g), split_heads(v, g)  # views, heads first
+    if layer.rope is not None:  # the rotation commutes with the scale, so q is scaled already
+        q = apply_rope(q, base=layer.rope_base, layout=layer.rope)
+        k = apply_rope(k, base=layer.rope_base, layout=layer.rope)
+    q = group_heads(q, g)  # (..., g, h/g, T, d_k), a view
+    kT = np.swapaxes(kv_for_groups(k), -1, -2)  # (..., g, 1, d_k, S), a view
+    v = kv_for_groups(v)  # (..., g, 1, S, d_v), a view
+    shift = not exp_is_safe(q, kT, dtype)
+
+    weights = np.empty((*batch, g, h // g, T, S), dtype=dtype)
+    concat = np.empty((*batch, T, h * d_v), dtype=dtype)  # merge_heads layout
+    heads = group_heads(split_heads(concat, h), g)  # (..., g, h/g, T, d_v), a view into concat
+    row_bytes = max(1, weights[..., 0, :].nbytes)  # one query row of every head and batch
+    rows = max(1, BLOCK_BYTES // row_bytes)
+    for t0 in range(0, T, rows):
+        t = slice(t0, min(t0 + rows, T))
+        w = weights[..., t, :]  # (..., g, h/g, rows, S), a view
+        # (..., g, h/g, rows, d_k) @ (..., g, 1, d_k, S) -> (..., g, h/g, rows, S)
+        np.matmul(q[..., t, :], kT, out=w)
+        rows_mask = None if m is None else m[..., t, :] if m.shape[-2] > 1 else m
+        softmax_rows(w, rows_mask, shift)
+        # (..., g, h/g, rows, S) @ (..., g, 1, S, d_v) -> (..., g, h/g, rows, d_v), into concat
+        np.matmul(w, v, out=heads[..., t, :])
+    out = project(concat, layer.W_o, layer.b_o, dtype)  # (..., T, d_model)
+    return out, ungroup_heads(weights)
+
+
+def softmax_rows(s: np.ndarray, mask, shift: bool) -> None:
+    """Masked softmax over the last axis of ``s``, in place; ``shift=False`` skips the max.
+
+    Only safe with ``shift=False`` when :func:`exp_is_safe` proved it. Fully masked rows
+    become 0, never NaN.
+    """
+    if mask is not None:
+        np.copyto(s, -np.inf, where=~mask)
+    if shift:
+        row_max = s.max(axis=-1, keepdims=True)
+        if mask is not None:
+            row_max[~np.isfinite(row_max)] = 0  # a fully masked row: shift by 0, exp(-inf) = 0
+        s -= row_max
+    np.exp(s, out=s)
+    total = s.sum(axis=-1, keepdims=True)
+    if mask is not None:
+        total[total == 0] = 1
+    s *= np.reciprocal(total, out=total)
+
+
+def exp_is_safe(q: np.ndarray, kT: np.ndarray, dtype) -> bool:
+    """True when ``exp(q·k)`` can neither overflow nor underflow for any query and key.
+
+    ``q`` (..., T, d_k) and ``kT`` (..., d_k, S); see the module docstring for the bound.
+    """
+    if q.size == 0 or kT.size == 0:
+        return False
+    limit = 0.4 * math.log(float(np.finfo(dtype).max))
+    # squared row norms of q, (..., T), and column norms of kT, (..., S): no temporary copies
+    q_norm2 = float(np.einsum("...i,...i->...", q, q).max())
+    k_norm2 = float(np.einsum("...ij,...ij->...j", kT, kT).max())
+    return q_norm2 * k_norm2 <= limit * limit

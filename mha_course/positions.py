@@ -1,0 +1,191 @@
+"""Positions: the sinusoidal encodings of the 2017 paper and rotary position embeddings (RoPE).
+
+Taught in ``notebooks/05_layer_to_model.ipynb``.
+
+Attention alone is permutation-equivariant: shuffle the tokens and the outputs shuffle with
+them, so a layer cannot tell word order. Two ways to tell it:
+
+- :func:`sinusoidal_positions` (Vaswani et al., 2017) *adds* a fixed vector to each token's
+  input: ``PE[p, 2i] = sin(p / base**(2i/d_model))``, ``PE[p, 2i+1] = cos(p / base**(2i/d_model))``.
+- :func:`apply_rope` (Su et al., 2021, RoFormer) *rotates* each query and key, pair of features
+  by pair of features, by an angle proportional to its position: pair ``j`` of the token at
+  position ``p`` turns by ``p · base**(-2j/d)``. A query at ``m`` and a key at ``n`` then score
+  ``q·R(n - m)k``: the score depends only on the offset ``n - m``. Values are never rotated.
+
+Real code pairs the features in one of two layouts, the same rotation after permuting the
+columns of ``W_q`` and ``W_k`` (loading weights trained in one layout into code that uses the
+other is a known bug, huggingface/transformers#25199):
+
+- ``layout="half"`` (GPT-NeoX, Hugging Face ``rotate_half``): pair ``j`` is ``(j, j + d/2)``;
+- ``layout="interleaved"`` (Meta's original Llama code, GPT-J): pair ``j`` is ``(2j, 2j + 1)``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._validate import as_float_array, fail, fmt_shape, validate_positive_int, validate_shape
+
+LAYOUTS = ("half", "interleaved")
+
+
+def _validate_base(func: str, base) -> float:
+    if isinstance(base, bool) or not isinstance(base, (int, float, np.integer, np.floating)):
+        raise fail(func, f"base={base!r} must be a number > 1")
+    if not base > 1 or not np.isfinite(base):
+        raise fail(func, f"base={base!r} must be a number > 1")
+    return float(base)
+
+
+def validate_layout(func: str, layout) -> str:
+    """Return ``layout`` if it is one of :data:`LAYOUTS`, else raise a named ``ValueError``."""
+    if layout not in LAYOUTS:
+        raise fail(
+            func,
+            f"layout={layout!r} is not one of 'half' (GPT-NeoX, Hugging Face) or "
+            "'interleaved' (Meta Llama, GPT-J)",
+        )
+    return layout
+
+
+def sinusoidal_positions(T: int, d_model: int, base: float = 10000.0) -> np.ndarray:
+    """The paper's fixed position encodings, one row per position, to be added to the inputs.
+
+    ``PE[p, 2i] = sin(p / base**(2i/d_model))`` and ``PE[p, 2i+1] = cos(p / base**(2i/d_model))``:
+    sines in the even columns, cosines in the odd ones (Vaswani et al. 2017, section 3.5).
+    Column pair ``i`` is a clock of wavelength ``2π·base**(2i/d_model)`` positions, from 2π for
+    ``i = 0`` to nearly ``2π·base`` for the last pair; moving ``k`` positions turns each pair by a
+    fixed angle, so ``PE[p + k]`` is a linear function (a rotation) of ``PE[p]``.
+
+    Parameters
+    ----------
+    T : int
+        Number of positions (0 to T - 1).
+    d_model : int
+        Width of each encoding. For an odd width the last column is a sine.
+    base : float, default 10000.0
+        The paper's 10000.
+
+    Returns
+    -------
+    ndarray of float64, shape (T, d_model)
+
+    Raises
+    ------
+    ValueError
+        If ``T`` or ``d_model`` is not a positive integer, or ``base`` is not a number > 1.
+
+    Examples
+    --------
+    >>> pe = sinusoidal_positions(4, 6)
+    >>> pe.shape, pe[0].tolist()
+    ((4, 6), [0.0, 1.0, 0.0, 1.0, 0.0, 1.0])
+    """
+    func = "sinusoidal_positions"
+    T = validate_positive_int(func, "T", T)
+    d_model = validate_positive_int(func, "d_model", d_model)
+    base = _validate_base(func, base)
+    i = np.arange((d_model + 1) // 2)  # one frequency per (sin, cos) column pair
+    angles = np.arange(T)[:, None] / base ** (2 * i / d_model)  # (T, ceil(d_model/2))
+    pe = np.empty((T, d_model))
+    pe[:, 0::2] = np.sin(angles)
+    pe[:, 1::2] = np.cos(angles[:, : d_model // 2])
+    return pe
+
+
+def rope_angles(positions, d: int, base: float = 10000.0) -> np.ndarray:
+    """The angle by which RoPE turns feature pair ``j`` at each position: ``p · base**(-2j/d)``.
+
+    Parameters
+    ----------
+    positions : ndarray of int, shape (T,)
+    d : int
+        The (even) width that is rotated; there are ``d / 2`` pairs.
+    base : float, default 10000.0
+
+    Returns
+    -------
+    ndarray of float64, shape (T, d/2)
+
+    Examples
+    --------
+    >>> rope_angles(np.arange(3), 4).round(2).tolist()
+    [[0.0, 0.0], [1.0, 0.01], [2.0, 0.02]]
+    """
+    j = np.arange(d // 2)
+    return np.asarray(positions)[:, None] * base ** (-2.0 * j / d)
+
+
+def apply_rope(x, positions=None, *, base: float = 10000.0, layout: str = "half") -> np.ndarray:
+    """Rotate each pair of features of ``x`` by an angle proportional to its position (RoPE).
+
+    Pair ``j`` of the row at position ``p`` turns by ``θ = p · base**(-2j/d)``:
+    ``(a, b) -> (a cos θ - b sin θ, a sin θ + b cos θ)``. Apply it to the queries and the keys of
+    every head (never to the values), after the projections and before the scores.
+
+    Parameters
+    ----------
+    x : ndarray of float, shape (..., T, d)
+        Queries or keys, one head or many (the same rotation for every head). ``d`` even.
+    positions : ndarray of int, shape (T,), optional
+        The position of each row; default ``arange(T)``. Negative positions rotate backwards
+        (``apply_rope(apply_rope(x, p), -p)`` is ``x``). When decoding with a cache, the new
+        token's position is the number of tokens before it, not 0.
+    base : float, default 10000.0
+        10000 in RoFormer, Llama 1 and 2; 500000 in Llama 3.
+    layout : {"half", "interleaved"}, default "half"
+        Which features form a pair: ``(j, j + d/2)`` (GPT-NeoX, Hugging Face) or ``(2j, 2j + 1)``
+        (Meta Llama, GPT-J).
+
+    Returns
+    -------
+    ndarray, same shape and dtype as ``x``
+
+    Raises
+    ------
+    ValueError
+        If ``x`` is not a float array with an even last axis, ``positions`` is not an integer
+        array of shape (T,), ``base`` is not a number > 1 or ``layout`` is unknown.
+
+    Examples
+    --------
+    >>> x = np.ones((3, 4))
+    >>> apply_rope(x).shape
+    (3, 4)
+    >>> bool(np.allclose(apply_rope(apply_rope(x, np.arange(3)), -np.arange(3)), x))
+    True
+    """
+    func = "apply_rope"
+    x = as_float_array(func, "x", x)
+    T, d = validate_shape(func, "x", x, ("T", "d")).values()
+    if d % 2:
+        raise fail(
+            func,
+            f"x has shape {fmt_shape(x.shape)}; expected (..., T, d) with d even "
+            "(RoPE turns pairs of features)",
+        )
+    layout = validate_layout(func, layout)
+    base = _validate_base(func, base)
+    if positions is None:
+        positions = np.arange(T)
+    positions = np.asarray(positions)
+    if positions.ndim != 1 or (positions.size and positions.dtype.kind not in "iu"):
+        raise fail(
+            func,
+            f"positions has shape {fmt_shape(positions.shape)} and dtype {positions.dtype}; "
+            f"expected integers of shape (T,) = ({T},)",
+        )
+    if positions.shape != (T,):
+        raise fail(
+            func, f"positions has shape {fmt_shape(positions.shape)}; expected (T,) = ({T},)"
+        )
+    theta = rope_angles(positions, d, base)  # (T, d/2), float64
+    cos, sin = np.cos(theta).astype(x.dtype), np.sin(theta).astype(x.dtype)
+    if layout == "half":
+        a, b = x[..., : d // 2], x[..., d // 2 :]  # pair j = (j, j + d/2)
+        return np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
+    a, b = x[..., 0::2], x[..., 1::2]  # pair j = (2j, 2j + 1)
+    out = np.empty_like(x)
+    out[..., 0::2] = a * cos - b * sin
+    out[..., 1::2] = a * sin + b * cos
+    return out
