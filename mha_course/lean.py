@@ -9,11 +9,12 @@ the same output and weights, ordered for the machine instead of the reader, as n
 manual attention beside the flash call:
 
 1. **Blocks of query rows.** The scores are computed a block of query rows at a time straight
-   into the weights array, softmaxed there and multiplied by ``v`` while the block is still in the
-   CPU's cache, instead of three passes over a (..., h, T, S) array too large for it.
-2. **Heads written in place.** Each block's heads are written straight into the merged layout
-   (..., T, h*d_v) through a ``split_heads`` view, so no separate heads array and no
-   ``merge_heads`` copy; ``q`` is scaled in place.
+   into the weights array and softmaxed there while the block is still in the CPU's cache,
+   instead of four passes over a (..., h, T, S) array too large for it.
+2. **Memory in order.** ``q`` is scaled in place; ``v`` is projected only after ``k`` is
+   freed, so q, k and v never coexist with the weights; the heads are written straight into
+   the merged layout (..., T, h*d_v) through a ``split_heads`` view, reusing q's buffer, so
+   there is no separate heads array and no ``merge_heads`` copy.
 3. **Max subtraction skipped when provably useless.** Softmax subtracts each row's max so that
    ``exp`` cannot overflow (lesson 02: always do it). By Cauchy-Schwarz every score obeys
    ``|q_t·k_s| <= B = max_t |q_t| · max_s |k_s|``, which costs O((T + S)·d_k) to compute. When
@@ -23,7 +24,8 @@ manual attention beside the flash call:
    subtraction) are skipped. Large, inf or NaN inputs fail the test (NaN compares False) and take
    the shifted path.
 
-Peak memory is the (..., h, T, S) weights (returned), q, k and v, the merged heads and one block.
+Peak memory is the (..., h, T, S) weights (returned) plus two (..., T, h·d) arrays (q and k,
+then q's buffer and v, then the merged heads and the output), not four or five.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import math
 
 import numpy as np
 
-from .heads import group_heads, kv_for_groups, project, split_heads, ungroup_heads
+from .heads import group_heads, kv_for_groups, merge_heads, project, split_heads, ungroup_heads
 from .positions import apply_rope
 
 #: Bytes of scores per block of query rows (all heads and batch axes together): half of a
@@ -75,33 +77,38 @@ def lean_forward(layer, x, context=None, mask=None):
     h, g, d_k, d_v = layer.h, layer.n_kv_heads, layer.d_k, layer.d_v
     T, S = x.shape[-2], kv_input.shape[-2]
     batch = np.broadcast_shapes(x.shape[:-2], kv_input.shape[:-2])
+    rope = {"base": layer.rope_base, "layout": layer.rope}
     q = project(x, layer.W_q, layer.b_q, dtype)  # (..., T, h*d_k)
     q *= 1.0 / math.sqrt(d_k)  # in place; a python float keeps the dtype
-    k = project(kv_input, layer.W_k, layer.b_k, dtype)  # (..., S, g*d_k)
-    v = project(kv_input, layer.W_v, layer.b_v, dtype)  # (..., S, g*d_v)
-    q, k, v = split_heads(q, h), split_heads(k, g), split_heads(v, g)  # views, heads first
+    k = split_heads(project(kv_input, layer.W_k, layer.b_k, dtype), g)  # (..., g, S, d_k)
     if layer.rope is not None:  # the rotation commutes with the scale, so q is scaled already
-        q = apply_rope(q, base=layer.rope_base, layout=layer.rope)
-        k = apply_rope(k, base=layer.rope_base, layout=layer.rope)
-    q = group_heads(q, g)  # (..., g, h/g, T, d_k), a view
-    kT = np.swapaxes(kv_for_groups(k), -1, -2)  # (..., g, 1, d_k, S), a view
-    v = kv_for_groups(v)  # (..., g, 1, S, d_v), a view
-    shift = not exp_is_safe(q, kT, dtype)
+        q = merge_heads(apply_rope(split_heads(q, h), **rope))  # (..., T, h*d_k), a new array
+        k = apply_rope(k, **rope)
+    q_heads = group_heads(split_heads(q, h), g)  # (..., g, h/g, T, d_k), a view of q
+    kT = np.swapaxes(kv_for_groups(k), -1, -2)  # (..., g, 1, d_k, S), a view of k
+    shift = not exp_is_safe(q_heads, kT, dtype)
 
+    # 1. Scores and softmax, a block of query rows at a time, straight into the weights.
     weights = np.empty((*batch, g, h // g, T, S), dtype=dtype)
-    concat = np.empty((*batch, T, h * d_v), dtype=dtype)  # merge_heads layout
-    heads = group_heads(split_heads(concat, h), g)  # (..., g, h/g, T, d_v), a view into concat
-    row_bytes = max(1, weights[..., 0, :].nbytes)  # one query row of every head and batch
-    rows = max(1, BLOCK_BYTES // row_bytes)
+    rows = max(1, BLOCK_BYTES // max(1, weights[..., 0, :].nbytes))  # rows of all heads
     for t0 in range(0, T, rows):
-        t = slice(t0, min(t0 + rows, T))
+        t = slice(t0, t0 + rows)
         w = weights[..., t, :]  # (..., g, h/g, rows, S), a view
-        # (..., g, h/g, rows, d_k) @ (..., g, 1, d_k, S) -> (..., g, h/g, rows, S)
-        np.matmul(q[..., t, :], kT, out=w)
-        rows_mask = None if m is None else m[..., t, :] if m.shape[-2] > 1 else m
-        softmax_rows(w, rows_mask, shift)
-        # (..., g, h/g, rows, S) @ (..., g, 1, S, d_v) -> (..., g, h/g, rows, d_v), into concat
-        np.matmul(w, v, out=heads[..., t, :])
+        np.matmul(q_heads[..., t, :], kT, out=w)  # (..., g, h/g, rows, d_k) @ (.., d_k, S)
+        softmax_rows(w, None if m is None else m[..., t, :] if m.shape[-2] > 1 else m, shift)
+    del k, kT  # memory: k is not needed once the weights exist
+    # 2. The values, projected only now, so q, k and v never coexist with the weights.
+    v = kv_for_groups(split_heads(project(kv_input, layer.W_v, layer.b_v, dtype), g))
+    # 3. The heads, written straight into merge_heads layout (..., T, h*d_v) through a
+    #    split_heads view; q's buffer is reused when it has that shape.
+    if q.shape[:-2] == batch and d_v == d_k:
+        concat = q
+    else:
+        concat = np.empty((*batch, T, h * d_v), dtype=dtype)
+    del q, q_heads
+    # (..., g, h/g, T, S) @ (..., g, 1, S, d_v) -> (..., g, h/g, T, d_v), stored as (..., T, h*d_v)
+    np.matmul(weights, v, out=group_heads(split_heads(concat, h), g))
+    del v
     out = project(concat, layer.W_o, layer.b_o, dtype)  # (..., T, d_model)
     return out, ungroup_heads(weights)
 
