@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+import mha_course.multihead as multihead_module
 from mha_course import (
     MultiHeadAttention,
     causal_mask,
@@ -381,3 +382,27 @@ def test_initial_weights_are_seeded_xavier_uniform():
 def test_generator_is_accepted_as_rng():
     layer = MultiHeadAttention(8, 2, rng=np.random.default_rng(3))
     np.testing.assert_array_equal(layer.W_v, MultiHeadAttention(8, 2, rng=3).W_v)
+
+
+# ------------------------------------------------------------------------ one attention path
+def test_forward_and_decode_step_attend_through_scaled_dot_product_attention(rng, monkeypatch):
+    """The layer is composed of the lessons' pieces: every forward and every decoding step goes
+    through the one scaled_dot_product_attention (lesson 03), whose output it returns."""
+    calls = []
+    real = multihead_module.scaled_dot_product_attention
+
+    def spy(q, k, v, mask=None):
+        calls.append((q.shape, k.shape, None if mask is None else np.shape(mask)))
+        return real(q, k, v, mask=mask)
+
+    monkeypatch.setattr(multihead_module, "scaled_dot_product_attention", spy)
+    layer = conftest.random_layer(rng, d_model=12, h=4, n_kv_heads=2)
+    x = rng.normal(size=(B, T, 12))
+    layer(x, mask=causal_mask(T))
+    # query heads grouped (B, g, h/g, T, d_k) against K/V heads (B, g, 1, S, d_k)
+    assert calls == [((B, 2, 2, T, 3), (B, 2, 1, T, 3), (1, 1, T, T))]
+    cache = layer.init_cache(batch_shape=(B,))
+    layer.decode_step(x[:, :1], cache)
+    layer.decode_step(x[:, 1:2], cache)
+    assert calls[1:] == [((B, 2, 2, 1, 3), (B, 2, 1, 1, 3), None),
+                         ((B, 2, 2, 1, 3), (B, 2, 1, 2, 3), None)]
