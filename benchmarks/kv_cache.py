@@ -7,7 +7,7 @@ Run from the repository root (one thread unless ``--threads N``)::
     .venv/bin/python benchmarks/kv_cache.py --cpu-time # busy machine: CPU time, not wall time
 
 It prints, from one run: the versions, the BLAS and thread counts (the helpers of
-``benchmarks/attention.py``, imported); for ``MultiHeadAttention(d_model=512, h=8)`` in float32,
+``benchmarks/harness.py``, imported); for ``MultiHeadAttention(d_model=512, h=8)`` in float32,
 the time to generate N tokens one at a time with ``decode_step`` and a KV cache, against
 recomputing the full causal forward over the first t tokens at every step t (the speed-up), the
 bytes the cache holds and the peak extra memory of one step of each; then, with GQA at
@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import sys
 
-import attention as bench  # benchmarks/attention.py: environment, timing and re-exec helpers
+import harness as bench  # benchmarks/harness.py: environment, timing and re-exec helpers
 
 if __name__ == "__main__":
-    # Same environment as benchmarks/attention.py: OpenBLAS's own kernel for this CPU.
+    # OpenBLAS's own kernel for this CPU, not one forced by OPENBLAS_CORETYPE (see harness.py).
     bench.reexec_without_openblas_overrides(sys.argv[1:])
 
 import numpy as np  # noqa: E402

@@ -16,7 +16,7 @@ and:
 - a sweep of ``block_size`` from 64 to 1024, and which one is fastest;
 - the targets, each met or MISSED.
 
-Timing, memory measurement and the environment report come from ``benchmarks/attention.py``.
+Timing, memory measurement and the environment report come from ``benchmarks/harness.py``.
 Timings are the minimum over repeats: on a shared machine they are indicative, not exact.
 """
 
@@ -31,12 +31,12 @@ from functools import partial
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import attention as bench  # noqa: E402  (benchmarks/attention.py: timing, memory, environment)
+import harness as bench  # noqa: E402  (benchmarks/harness.py: timing, memory, environment)
 
 if __name__ == "__main__":
-    # Like benchmarks/attention.py: measure the BLAS kernel OpenBLAS picks for this CPU, not one
-    # forced by OPENBLAS_CORETYPE. Importing ``attention`` above already loaded NumPy, but the
-    # re-executed process starts afresh without the override variables.
+    # Measure the BLAS kernel OpenBLAS picks for this CPU, not one forced by OPENBLAS_CORETYPE.
+    # Importing ``harness`` above already loaded NumPy, but the re-executed process starts
+    # afresh without the override variables.
     bench.reexec_without_openblas_overrides(sys.argv[1:])
 
 import numpy as np  # noqa: E402
