@@ -65,6 +65,13 @@ def test_a_checks_own_message_is_shown_without_its_exercise_prefix():
     assert not lost
 
 
+def test_a_forbidden_call_is_shown_in_the_checks_own_words():
+    evalue = ("Exercise 03.2 asks you to write the masking yourself; your answer calls "
+              "mha_course.softmax")
+    verdict, _ = verdict_of(ok(), raised("CheckFailed", evalue, ["frame 1", "frame 2"]))
+    assert verdict == Verdict("03.2", "failed", evalue)
+
+
 def test_a_checks_long_message_is_cut_to_twelve_lines():
     evalue = "Exercise 03.2: " + "\n".join(f"line {i}" for i in range(20))
     verdict, _ = verdict_of(ok(), raised("CheckFailed", evalue))

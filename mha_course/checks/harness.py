@@ -3,7 +3,9 @@
 Every ``check_*`` in ``mha_course/checks/lessonNN.py`` is built from these pieces:
 
 - :func:`call` runs the learner's function on the check's inputs and turns what can go wrong
-  (an exception, a changed argument, not a function at all) into a :class:`CheckFailed`;
+  (an exception, a changed argument, not a function at all, a call to what the exercise asks
+  the learner to write themselves: ``forbid=``, see :mod:`mha_course.checks.forbid`) into a
+  :class:`CheckFailed`;
 - :func:`compare` compares the result with the package's reference, computed at check time;
   when they differ it runs the known wrong versions (``variants``, see
   :mod:`mha_course.checks.variants`) and names the mistake of the one that matches, else reports
@@ -13,8 +15,20 @@ Every ``check_*`` in ``mha_course/checks/lessonNN.py`` is built from these piece
 - :func:`passed` prints the one success line; :func:`fail` builds the failure.
 
 Every message starts with ``Exercise NN.M: `` (the checker relies on it to show a check's own
-words), numbers are printed with :func:`fmt` (4 decimals) so a message is the same on every
-machine.
+words; a forbidden call reads ``Exercise NN.M asks you to ...``), numbers are printed with
+:func:`fmt` (4 decimals) so a message is the same on every machine.
+
+A new check, in outline (the lesson modules hold twenty real ones)::
+
+    def check_scores(fn) -> None:  # Exercise 05.1: scores(q, k) = q kᵀ / √d_k, (B, T, S)
+        ex = "05.1"
+        q, k, _ = attention_probes(np.random.default_rng(501))
+        want = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+        got = call(ex, fn, (q, k), ("q", "k"), hint=attention_hint,
+                   forbid={"mha_course.scaled_dot_product_attention": "scale the scores yourself"})
+        compare(ex, got, want, "your scores", "(B, T, S)",
+                variants=[("scores not scaled by √d_k", lambda: want * 2.0)])
+        passed(ex, "q kᵀ / √d_k matches for q (2, 3, 4) and k (2, 5, 4)")
 """
 
 from __future__ import annotations
@@ -27,6 +41,7 @@ import warnings
 import numpy as np
 
 from .. import MultiHeadAttention
+from .forbid import CallWatch, find_in_source, rules_for
 
 RTOL, ATOL = 1e-6, 1e-9
 NAN_GENERIC = ("NaN and inf come from 0/0, inf/inf, inf - inf or a log of 0 or less; print "
@@ -97,8 +112,42 @@ def quiet(make):
         return None
 
 
-def call(ex: str, fn, args: tuple, names: tuple, kwargs=None, hint=None):
-    """Call the learner's ``fn`` on copies; turn its exceptions and side effects into words."""
+def call(ex: str, fn, args: tuple, names: tuple, kwargs=None, hint=None, forbid=None):
+    """Call the learner's ``fn`` on copies; turn its exceptions and side effects into words.
+
+    Parameters
+    ----------
+    ex : str
+        The exercise id, "NN.M", that starts every message.
+    fn : callable
+        The learner's function.
+    args : tuple
+        The positional arguments; ``names`` are their parameter names, for messages.
+    kwargs : dict, optional
+        Keyword arguments.
+    hint : callable, optional
+        ``hint(exception) -> str or None``: the likely mistake behind an exception ``fn``
+        raised (see :mod:`mha_course.checks.variants`).
+    forbid : dict of str to str, optional
+        What the exercise asks the learner to write themselves, ``{dotted name: phrase}``:
+        a function (``"mha_course.softmax"``) or a whole module (``"numpy"``), and the phrase
+        that completes "Exercise NN.M asks you to ...". A use of one, in the function's source
+        or in a call it makes, fails with ``Exercise NN.M asks you to <phrase>; your answer
+        calls <name>`` (see :mod:`mha_course.checks.forbid`).
+
+    Returns
+    -------
+    object
+        What ``fn`` returned.
+
+    Raises
+    ------
+    CheckFailed
+        ``fn`` is not callable, raised an exception, changed an argument in place, or used a
+        forbidden name.
+    NotImplementedError
+        Unchanged from ``fn``: the exercise's stub, reported as "not attempted".
+    """
     kwargs = kwargs or {}
     if not callable(fn):
         raise fail(
@@ -106,16 +155,23 @@ def call(ex: str, fn, args: tuple, names: tuple, kwargs=None, hint=None):
             f"expected your function, got {type(fn).__name__}: pass the function itself "
             "(check_x(my_function)), not the result of calling it",
         )
+    rules = rules_for(forbid) if forbid else []
+    use = find_in_source(fn, rules)
+    if use is not None:
+        raise CheckFailed(use.message(ex))
+    watch = CallWatch(rules)
     pristine = copy.deepcopy((args, kwargs))
     try:
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
-            result = fn(*args, **kwargs)
+            result = watch.run(fn, args, kwargs) if watch.rules else fn(*args, **kwargs)
     except NotImplementedError:
         raise  # the exercise stub (or one it calls): "not attempted yet", not a mistake
     except CheckFailed:
         raise
     except Exception as exc:
+        if watch.found is not None:
+            raise CheckFailed(watch.found.message(ex)) from exc
         called = ", ".join(
             [describe(a) for a in args] + [f"{k}={describe(v)}" for k, v in kwargs.items()]
         )
@@ -125,6 +181,8 @@ def call(ex: str, fn, args: tuple, names: tuple, kwargs=None, hint=None):
             f"your function raised {type(exc).__name__}: {exc}\n  (called with {called})"
             + (f"\n  Likely mistake: {extra}" if extra else ""),
         ) from exc
+    if watch.found is not None:
+        raise CheckFailed(watch.found.message(ex))
     for name, before, after in zip(
         list(names) + list(kwargs), list(pristine[0]) + list(pristine[1].values()),
         list(args) + list(kwargs.values()), strict=True,

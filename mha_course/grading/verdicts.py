@@ -89,9 +89,10 @@ def trim(lines: list[str], limit: int = 12) -> list[str]:
 def failure_message(exercise: str, record: dict, role: CellRole) -> str:
     """What went wrong in the cell of ``record``, for the report (several lines at most).
 
-    A check's own message (an error whose text starts with ``Exercise NN.M: ``) is shown as it
-    is; another error is quoted with the line that raised it; an output mismatch shows the
-    expected and the printed text.
+    A check's own message (an error whose text starts with ``Exercise NN.M: ``, or a check's
+    ``Exercise NN.M asks you to ...`` about a forbidden call) is shown as it is; another error
+    is quoted with the line that raised it; an output mismatch shows the expected and the
+    printed text.
     """
     error = record.get("error")
     prefix = f"Exercise {exercise}: "
@@ -101,6 +102,8 @@ def failure_message(exercise: str, record: dict, role: CellRole) -> str:
         evalue = re.sub(r"\(\d+\.py, line (\d+)\)", r"(line \1 of the cell)", evalue)
         if evalue.startswith(prefix):  # a check's own message says it all
             return "\n".join(trim(evalue[len(prefix):].split("\n")))
+        if ename == "CheckFailed" and evalue.startswith(f"Exercise {exercise} asks you to "):
+            return "\n".join(trim(evalue.split("\n")))  # a forbidden call, in its own words
         lines = [f"{ename}: {evalue}".rstrip() + f"  (raised in {role.label})"]
         frames = [clean(t) for t in error.get("traceback", [])[:-1]]
         if frames:  # the innermost frame: where it went wrong
