@@ -15,6 +15,11 @@ Used by ``exercises/NN_*.ipynb`` (the exercises for ``notebooks/01_matmul.ipynb`
 4. prints one line ``Exercise NN.M passed: <what was checked>`` on success, or raises
    :class:`CheckFailed` whose message starts with ``Exercise NN.M: ``.
 
+An exercise that asks you to write something yourself names what it forbids (01.1: NumPy and
+``mha_course.naive.matmul``; 02.4: ``mha_course.softmax`` and SciPy's or PyTorch's softmax;
+04.6: calling the layer); an answer that calls one fails with ``Exercise NN.M asks you to
+<task>; your answer calls <name>``.
+
 An exception raised by your function becomes a :class:`CheckFailed` that quotes it, except
 ``NotImplementedError``: the exercise stub raises it (``Exercise NN.M: <task>``), and it passes
 through unchanged, so the checker (``python -m mha_course check``) can report "not attempted".

@@ -126,6 +126,13 @@ def check_log_softmax(fn) -> None:
                "max (no -inf) and on scores near 800 (no overflow)")
 
 
+#: Exercise 02.4 is to write the masked softmax: no library softmax may do it.
+_OWN_MASKED_SOFTMAX = dict.fromkeys(
+    ["mha_course.softmax", "scipy.special.softmax", "torch.softmax", "torch.nn.functional.softmax"],
+    "write the masking yourself",
+)
+
+
 def check_masked_softmax(fn) -> None:
     """Exercise 02.4: ``masked_softmax(x, mask)``: zeros where masked, zeros on a full-mask row."""
     ex = "02.4"
@@ -135,7 +142,8 @@ def check_masked_softmax(fn) -> None:
         mask = random_mask(rng, x.shape, full)
         want = softmax(x, mask=mask)
         full_rows = ~mask.any(axis=-1)
-        got = call(ex, fn, (x, mask), ("x", "mask"), hint=keepdims_hint)
+        got = call(ex, fn, (x, mask), ("x", "mask"), hint=keepdims_hint,
+                   forbid=_OWN_MASKED_SOFTMAX)
         label = "with a fully masked row" if full else "with every row partly kept"
         rows = " and ".join(fmt_index(r) for r in full)
         compare(

@@ -172,6 +172,13 @@ def check_mha_forward(fn) -> None:
                "without a causal mask")
 
 
+#: Exercise 04.6 builds cross-attention from the layer's weights: calling the layer is not it.
+_NOT_THE_LAYER = dict.fromkeys(
+    ["mha_course.MultiHeadAttention.forward", "mha_course.MultiHeadAttention.__call__"],
+    "compute cross-attention from the layer's weights, not by calling the layer",
+)
+
+
 def check_cross_attention(fn) -> None:
     """Exercise 04.6: ``cross_attention(layer, x, context)`` -> (out, weights)."""
     ex = "04.6"
@@ -181,7 +188,8 @@ def check_cross_attention(fn) -> None:
     x = rng.normal(size=(B, T, d_model))
     context = rng.normal(size=(B, S, d_model))
     want_out, want_w = layer(x, context=context)
-    got = call(ex, fn, (layer, x, context), ("layer", "x", "context"), hint=attention_hint)
+    got = call(ex, fn, (layer, x, context), ("layer", "x", "context"), hint=attention_hint,
+               forbid=_NOT_THE_LAYER)
     pair(ex, got)
     swapped_pair(ex, got, want_out.shape, want_w.shape)
     shapes = {
