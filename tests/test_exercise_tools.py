@@ -23,8 +23,20 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from mha_course import exercises as ex
-from mha_course.__main__ import main
+from mha_course.grading import run
+from mha_course.grading.bundle import build_bundle
+from mha_course.grading.check import check_notebook
+from mha_course.grading.cli import main
+from mha_course.grading.generate import (
+    exercise_ids,
+    find_stale,
+    generate,
+    learner_work,
+    load_solutions,
+    solution_paths,
+)
+from mha_course.grading.notebooks import ExerciseError, info, notebook_text
+from mha_course.grading.report import format_result
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "data" / "solutions"
@@ -52,7 +64,7 @@ def learner_copy(exercise_nb: Path, target: Path, answers: dict, outputs_from: P
     nb = nbformat.read(exercise_nb, as_version=4)
     saved = nbformat.read(outputs_from, as_version=4) if outputs_from else None
     for index, cell in enumerate(nb.cells):
-        meta = ex.info(cell)
+        meta = info(cell)
         if meta.get("role") == "solution" and meta["exercise"] in answers:
             cell.source = answers[meta["exercise"]]
         if saved is not None and cell.cell_type == "code":
@@ -73,7 +85,7 @@ CRASH = {"98.1": "import os\nos._exit(1)", "98.2": "answer = 42"}
 @pytest.fixture(scope="module")
 def fixture_exercises(tmp_path_factory):
     out = tmp_path_factory.mktemp("exercises")
-    ex.generate(FIXTURES, out)
+    generate(FIXTURES, out)
     return out
 
 
@@ -81,8 +93,8 @@ def fixture_exercises(tmp_path_factory):
 
 
 def test_generate_twice_gives_identical_bytes_and_stubs_every_solution(tmp_path):
-    ex.generate(FIXTURES, tmp_path / "a")
-    ex.generate(FIXTURES, tmp_path / "b")
+    generate(FIXTURES, tmp_path / "a")
+    generate(FIXTURES, tmp_path / "b")
     names = sorted(p.name for p in (tmp_path / "a").iterdir())
     assert names == ["97_fixture.ipynb", "98_fixture.ipynb"]
     for name in names:
@@ -90,7 +102,7 @@ def test_generate_twice_gives_identical_bytes_and_stubs_every_solution(tmp_path)
     nb = nbformat.read(tmp_path / "a" / "98_fixture.ipynb", as_version=4)
     sol = nbformat.read(FIXTURES / "98_fixture.ipynb", as_version=4)
     assert [c.id for c in nb.cells] == [c.id for c in sol.cells]
-    solution_cells = [c for c in nb.cells if ex.info(c).get("role") == "solution"]
+    solution_cells = [c for c in nb.cells if info(c).get("role") == "solution"]
     assert [c.source for c in solution_cells] == [
         'def double(x):\n    """x -> 2 * x."""\n'
         '    raise NotImplementedError("Exercise 98.1: return twice x")',
@@ -113,7 +125,7 @@ BAD_SOURCES = {
 def test_generate_refuses_a_bad_solution_cell_and_writes_nothing(tmp_path, case):
     source, extra, expected = BAD_SOURCES[case]
     nb = nbformat.read(FIXTURES / "98_fixture.ipynb", as_version=4)
-    cell = next(c for c in nb.cells if ex.info(c).get("role") == "solution")
+    cell = next(c for c in nb.cells if info(c).get("role") == "solution")
     cell.source = source
     cell.metadata["mha_course"] = {"exercise": "98.1", "role": "solution", **extra}
     (tmp_path / "sol").mkdir()
@@ -126,24 +138,24 @@ def test_generate_refuses_a_bad_solution_cell_and_writes_nothing(tmp_path, case)
 
 
 def test_stale_exercises_are_detected_with_the_fix_in_the_message(tmp_path):
-    ex.generate(FIXTURES, tmp_path)
-    assert ex.find_stale(FIXTURES, tmp_path) == []
+    generate(FIXTURES, tmp_path)
+    assert find_stale(FIXTURES, tmp_path) == []
     path = tmp_path / "98_fixture.ipynb"
     path.write_text(path.read_text().replace("return twice x", "return 2x"))
-    assert ex.find_stale(FIXTURES, tmp_path) == [f"{path} differs from its solution"]
+    assert find_stale(FIXTURES, tmp_path) == [f"{path} differs from its solution"]
     code, out = run_cli("generate", "--verify", "--solutions", FIXTURES, "--out", tmp_path)
     assert code == 1 and "run `make exercises`" in out
 
 
 def test_generate_does_not_overwrite_a_learners_work_without_force(tmp_path):
-    ex.generate(FIXTURES, tmp_path)
+    generate(FIXTURES, tmp_path)
     path = learner_copy(tmp_path / "98_fixture.ipynb", tmp_path / "98_fixture.ipynb", GOOD)
     before = path.read_bytes()
     code, out = run_cli("generate", "--solutions", FIXTURES, "--out", tmp_path)
     assert code == 2 and "looks like your work (exercise 98.1 has been answered)" in out
     assert path.read_bytes() == before
     code, out = run_cli("generate", "--force", "--solutions", FIXTURES, "--out", tmp_path)
-    assert code == 0 and ex.find_stale(FIXTURES, tmp_path) == []
+    assert code == 0 and find_stale(FIXTURES, tmp_path) == []
 
 
 # ------------------------------------------------------------------------------------- check
@@ -161,7 +173,7 @@ def test_stubs_are_not_attempted_and_solutions_pass(fixture_exercises):
 
 def test_a_run_in_which_no_cell_ran_is_retried_then_reported(fixture_exercises, monkeypatch):
     """A kernel that never started (seen once under load) must not read as "not checked"."""
-    real_once = ex._run_nbval_once
+    real_once = run.run_nbval_once
     calls = []
 
     def kernel_fails_first(*args):
@@ -170,14 +182,14 @@ def test_a_run_in_which_no_cell_ran_is_retried_then_reported(fixture_exercises, 
             return {}, False, ["ERROR at setup: kernel did not start"]
         return real_once(*args)
 
-    monkeypatch.setattr(ex, "_run_nbval_once", kernel_fails_first)
-    result = ex.check_notebook(FIXTURES / "98_fixture.ipynb", FIXTURES)
+    monkeypatch.setattr(run, "run_nbval_once", kernel_fails_first)
+    result = check_notebook(FIXTURES / "98_fixture.ipynb", FIXTURES)
     assert len(calls) == 2
     assert [v.status for v in result.verdicts] == ["passed", "passed"]
 
-    monkeypatch.setattr(ex, "_run_nbval_once", lambda *a: ({}, False, ["kernel died at start"]))
-    with pytest.raises(ex.ExerciseError, match="nbval could not run the notebook: kernel died"):
-        ex.check_notebook(fixture_exercises / "98_fixture.ipynb", FIXTURES)
+    monkeypatch.setattr(run, "run_nbval_once", lambda *a: ({}, False, ["kernel died at start"]))
+    with pytest.raises(ExerciseError, match="nbval could not run the notebook: kernel died"):
+        check_notebook(fixture_exercises / "98_fixture.ipynb", FIXTURES)
 
 
 def test_broken_foreign_and_missing_notebooks_get_one_clear_line(tmp_path):
@@ -250,7 +262,7 @@ def test_assign_bundles_chosen_exercises_refuses_overwrite_and_checks(tmp_path):
     assert code == 0, text
     nb = nbformat.read(out, as_version=4)
     assert nb.metadata["mha_course"] == {"assignment": ["97.1", "98.2"]}
-    roles = [(ex.info(c).get("exercise"), ex.info(c).get("role")) for c in nb.cells[1:]]
+    roles = [(info(c).get("exercise"), info(c).get("role")) for c in nb.cells[1:]]
     assert roles == [
         (None, "setup"), ("97.1", "task"), ("97.1", "solution"), ("97.1", "check"),
         (None, "setup"), ("98.2", "task"), ("98.2", "solution"), ("98.2", "check"),
@@ -283,7 +295,7 @@ def committed_exercises(tmp_path: Path) -> Path:
     working files anyway.
     """
     working = sorted(EXERCISES.glob("*.ipynb"))
-    if not any(ex.learner_work(p) for p in working):
+    if not any(learner_work(p) for p in working):
         return EXERCISES
     if shutil.which("git") is None or not (ROOT / ".git").exists():
         pytest.skip("exercises/ holds your work and there is no git history to compare against")
@@ -300,7 +312,7 @@ def committed_exercises(tmp_path: Path) -> Path:
 
 
 def test_committed_exercises_are_up_to_date_with_the_solutions(tmp_path):
-    stale = ex.find_stale(SOLUTIONS, committed_exercises(tmp_path))
+    stale = find_stale(SOLUTIONS, committed_exercises(tmp_path))
     assert not stale, "exercises/ is stale: run `make exercises`\n" + "\n".join(stale)
 
 
@@ -308,18 +320,18 @@ def test_every_real_stub_is_not_attempted_and_every_real_solution_passes(tmp_pat
     """Checking exercises/ finds every exercise not attempted (so every check can fail); one
     assignment of all exercises with the solutions typed in passes (so every solution passes,
     also next to the other lessons' setup cells)."""
-    solutions = ex.solution_paths(SOLUTIONS)
+    solutions = solution_paths(SOLUTIONS)
     assert solutions, "no solution notebooks in solutions/"
-    all_ids = ex.exercise_ids(ex.load_solutions(SOLUTIONS))
+    all_ids = exercise_ids(load_solutions(SOLUTIONS))
     assert len(all_ids) >= 4 * len(solutions)
     answered = tmp_path / "all_solutions.ipynb"
-    answered.write_text(ex.notebook_text(ex.build_bundle(all_ids, SOLUTIONS, stub=False)))
+    answered.write_text(notebook_text(build_bundle(all_ids, SOLUTIONS, stub=False)))
     fresh = tmp_path / "exercises"  # the stubs as generated (not a learner's work in progress)
-    ex.generate(SOLUTIONS, fresh)
+    generate(SOLUTIONS, fresh)
     paths = [fresh / p.name for p in solutions] + [answered]
     with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(lambda p: ex.check_notebook(p, SOLUTIONS), paths))
-    reports = "\n".join(ex.format_result(r, ex.DEFAULT_TIMEOUT) for r in results)
+        results = list(pool.map(lambda p: check_notebook(p, SOLUTIONS), paths))
+    reports = "\n".join(format_result(r, run.DEFAULT_TIMEOUT) for r in results)
     stub_verdicts = [v for r in results[:-1] for v in r.verdicts]
     assert sorted(v.exercise for v in stub_verdicts) == all_ids, reports
     assert {v.status for v in stub_verdicts} == {"not attempted"}, reports

@@ -28,7 +28,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from mha_course.exercises import _descendants  # the kernel-process walker of the checker
+from mha_course.grading.run import descendants  # the kernel-process walker of the checker
 
 from .labdriver import (
     RAISES_MARK,
@@ -160,7 +160,7 @@ def _alive(pid: int) -> bool:
 
 def _stop_server(proc: subprocess.Popen, server: LabServer | None) -> None:
     """Shut the server and its kernels down politely, then by signal."""
-    kids = _descendants(proc.pid)
+    kids = descendants(proc.pid)
     if server is not None and proc.poll() is None:
         try:  # shuts down every kernel, then the server
             server.api("shutdown", method="POST")

@@ -1,0 +1,364 @@
+"""The shared machinery of the exercise checks: call the learner's function, compare, explain.
+
+Every ``check_*`` in ``mha_course/checks/lessonNN.py`` is built from these pieces:
+
+- :func:`call` runs the learner's function on the check's inputs and turns what can go wrong
+  (an exception, a changed argument, not a function at all, a call to what the exercise asks
+  the learner to write themselves: ``forbid=``, see :mod:`mha_course.checks.forbid`) into a
+  :class:`CheckFailed`;
+- :func:`compare` compares the result with the package's reference, computed at check time;
+  when they differ it runs the known wrong versions (``variants``, see
+  :mod:`mha_course.checks.variants`) and names the mistake of the one that matches, else reports
+  the shape, a NaN, the first broken property (``props``: :func:`rows_sum_to_one`,
+  :func:`masked_are_zero`) or the first differing entry;
+- :func:`pair`, :func:`swapped_pair` and :func:`compare_pair` do the same for ``(out, weights)``;
+- :func:`passed` prints the one success line; :func:`fail` builds the failure.
+
+Every message starts with ``Exercise NN.M: `` (the checker relies on it to show a check's own
+words; a forbidden call reads ``Exercise NN.M asks you to ...``), numbers are printed with
+:func:`fmt` (4 decimals) so a message is the same on every machine.
+
+A new check, in outline (the lesson modules hold twenty real ones)::
+
+    def check_scores(fn) -> None:  # Exercise 05.1: scores(q, k) = q kᵀ / √d_k, (B, T, S)
+        ex = "05.1"
+        q, k, _ = attention_probes(np.random.default_rng(501))
+        want = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+        got = call(ex, fn, (q, k), ("q", "k"), hint=attention_hint,
+                   forbid={"mha_course.scaled_dot_product_attention": "scale the scores yourself"})
+        compare(ex, got, want, "your scores", "(B, T, S)",
+                variants=[("scores not scaled by √d_k", lambda: want * 2.0)])
+        passed(ex, "q kᵀ / √d_k matches for q (2, 3, 4) and k (2, 5, 4)")
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import numbers
+import warnings
+
+import numpy as np
+
+from .. import MultiHeadAttention
+from .forbid import CallWatch, find_in_source, rules_for
+
+RTOL, ATOL = 1e-6, 1e-9
+NAN_GENERIC = ("NaN and inf come from 0/0, inf/inf, inf - inf or a log of 0 or less; print "
+               "the intermediate arrays of your function to see where they first appear")
+
+
+class CheckFailed(AssertionError):
+    """Your answer to an exercise is wrong; the message says how, and the likely mistake."""
+
+
+# --------------------------------------------------------------------------- shared helpers
+
+
+def fail(ex: str, message: str) -> CheckFailed:
+    return CheckFailed(f"Exercise {ex}: {message}")
+
+
+def passed(ex: str, what: str) -> None:
+    print(f"Exercise {ex} passed: {what}")
+
+
+def fmt(value) -> str:
+    """A number for a failure message: integers as they are, floats to 4 decimals."""
+    if isinstance(value, (bool, np.bool_)):
+        return str(bool(value))
+    if isinstance(value, (numbers.Integral, np.integer)):
+        return str(int(value))
+    value = float(value)
+    if math.isnan(value) or math.isinf(value):
+        return str(value)
+    return f"{value + 0.0:.4f}"
+
+
+def fmt_index(index) -> str:
+    index = tuple(int(i) for i in index)
+    return str(index[0]) if len(index) == 1 else str(index)
+
+
+def fmt_shape(shape) -> str:
+    shape = tuple(int(n) for n in shape)
+    return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
+
+
+def equal(a, b) -> bool:
+    """Exact equality of two arguments (arrays, lists, layers), NaN equal to NaN."""
+    if isinstance(a, MultiHeadAttention):
+        return isinstance(b, MultiHeadAttention) and all(
+            equal(p, q) for p, q in zip(a.parameters().values(), b.parameters().values(),
+                                        strict=True)
+        )
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        a, b = np.asarray(a), np.asarray(b)
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        return bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(equal(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+def quiet(make):
+    """Run ``make()`` with NumPy warnings off; return None if it raises (for wrong variants)."""
+    try:
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            return make()
+    except Exception:
+        return None
+
+
+def call(ex: str, fn, args: tuple, names: tuple, kwargs=None, hint=None, forbid=None):
+    """Call the learner's ``fn`` on copies; turn its exceptions and side effects into words.
+
+    Parameters
+    ----------
+    ex : str
+        The exercise id, "NN.M", that starts every message.
+    fn : callable
+        The learner's function.
+    args : tuple
+        The positional arguments; ``names`` are their parameter names, for messages.
+    kwargs : dict, optional
+        Keyword arguments.
+    hint : callable, optional
+        ``hint(exception) -> str or None``: the likely mistake behind an exception ``fn``
+        raised (see :mod:`mha_course.checks.variants`).
+    forbid : dict of str to str, optional
+        What the exercise asks the learner to write themselves, ``{dotted name: phrase}``:
+        a function (``"mha_course.softmax"``) or a whole module (``"numpy"``), and the phrase
+        that completes "Exercise NN.M asks you to ...". A use of one, in the function's source
+        or in a call it makes, fails with ``Exercise NN.M asks you to <phrase>; your answer
+        calls <name>`` (see :mod:`mha_course.checks.forbid`).
+
+    Returns
+    -------
+    object
+        What ``fn`` returned.
+
+    Raises
+    ------
+    CheckFailed
+        ``fn`` is not callable, raised an exception, changed an argument in place, or used a
+        forbidden name.
+    NotImplementedError
+        Unchanged from ``fn``: the exercise's stub, reported as "not attempted".
+    """
+    kwargs = kwargs or {}
+    if not callable(fn):
+        raise fail(
+            ex,
+            f"expected your function, got {type(fn).__name__}: pass the function itself "
+            "(check_x(my_function)), not the result of calling it",
+        )
+    rules = rules_for(forbid) if forbid else []
+    use = find_in_source(fn, rules)
+    if use is not None:
+        raise CheckFailed(use.message(ex))
+    watch = CallWatch(rules)
+    pristine = copy.deepcopy((args, kwargs))
+    try:
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            result = watch.run(fn, args, kwargs) if watch.rules else fn(*args, **kwargs)
+    except NotImplementedError:
+        raise  # the exercise stub (or one it calls): "not attempted yet", not a mistake
+    except CheckFailed:
+        raise
+    except Exception as exc:
+        if watch.found is not None:
+            raise CheckFailed(watch.found.message(ex)) from exc
+        called = ", ".join(
+            [describe(a) for a in args] + [f"{k}={describe(v)}" for k, v in kwargs.items()]
+        )
+        extra = hint(exc) if hint else None
+        raise fail(
+            ex,
+            f"your function raised {type(exc).__name__}: {exc}\n  (called with {called})"
+            + (f"\n  Likely mistake: {extra}" if extra else ""),
+        ) from exc
+    if watch.found is not None:
+        raise CheckFailed(watch.found.message(ex))
+    for name, before, after in zip(
+        list(names) + list(kwargs), list(pristine[0]) + list(pristine[1].values()),
+        list(args) + list(kwargs.values()), strict=True,
+    ):
+        if not equal(before, after):
+            raise fail(
+                ex,
+                f"your function changed its argument `{name}` in place. Work on a new array "
+                "(e.g. `x = x - m` rather than `x -= m`), so the caller's data stays as it was",
+            )
+    return result
+
+
+def describe(a) -> str:
+    if isinstance(a, np.ndarray):
+        return f"array of shape {fmt_shape(a.shape)} dtype {a.dtype}"
+    if isinstance(a, MultiHeadAttention):
+        return repr(a)
+    if isinstance(a, list) and a and isinstance(a[0], list):
+        return f"list of lists of shape ({len(a)}, {len(a[0])})"
+    return repr(a)
+
+
+def as_array(ex, got, what: str, shape, letters: str, kind: str):
+    """Turn what the learner returned into an array of the expected shape and kind, or fail."""
+    if got is None:
+        raise fail(ex, f"your function returned None instead of {what}: did you forget `return`?")
+    try:
+        arr = np.asarray(got)
+    except Exception:
+        arr = np.asarray(got, dtype=object)
+    if arr.dtype == object:
+        raise fail(ex, f"{what}: not a numeric array (got {type(got).__name__}); "
+                       f"expected shape {letters} = {fmt_shape(shape)}")
+    if arr.shape != tuple(shape):
+        return arr  # the caller reports shapes, after trying the known wrong variants
+    if kind == "b" and arr.dtype.kind != "b":
+        raise fail(
+            ex,
+            f"{what}: dtype {arr.dtype}; expected bool (True = may attend). Build it with a "
+            "comparison such as `s <= t`, or `.astype(bool)`",
+        )
+    if kind == "f" and arr.dtype.kind != "f":
+        raise fail(ex, f"{what}: dtype {arr.dtype}; expected a float array")
+    if kind == "i" and arr.dtype.kind not in "iu":
+        raise fail(ex, f"{what}: dtype {arr.dtype}; expected integers (indices)")
+    return arr
+
+
+def close(a, b) -> bool:
+    return a.shape == b.shape and bool(
+        np.allclose(a.astype(float), b.astype(float), rtol=RTOL, atol=ATOL, equal_nan=True)
+    )
+
+
+def compare(ex, got, want, what: str, letters: str, variants=(), shape_hints=None,
+            props=(), nan_message=None):
+    """Fail unless ``got`` equals ``want``; name the mistake when a known variant matches.
+
+    ``variants`` are ``(message, make)`` pairs: ``make()`` computes a known wrong answer on the
+    same inputs; if the learner's answer equals it, ``message`` names the mistake.
+    ``shape_hints`` maps a wrong shape to a message. ``props`` are callables that raise
+    :class:`CheckFailed` when a property (rows sum to 1, ...) is violated.
+    """
+    want = np.asarray(want)
+    arr = as_array(ex, got, what, want.shape, letters, want.dtype.kind)
+    if arr.shape == want.shape and close(arr, want):
+        return arr
+    for message, make in variants:
+        wrong = quiet(make)
+        if wrong is None:
+            continue
+        wrong = np.asarray(wrong)
+        if wrong.shape == arr.shape and not close(wrong, want) and close(arr, wrong):
+            raise fail(ex, f"{what}: not what the reference gives. Likely mistake: {message}")
+    if arr.shape != want.shape:
+        hint = (shape_hints or {}).get(tuple(arr.shape))
+        raise fail(
+            ex,
+            f"{what}: shape {fmt_shape(arr.shape)}; expected {letters} = {fmt_shape(want.shape)}"
+            + (f". Likely mistake: {hint}" if hint else ""),
+        )
+    if arr.dtype.kind == "f" and not np.isfinite(arr).all() and np.isfinite(want).all():
+        bad = np.argwhere(~np.isfinite(arr))[0]
+        raise fail(
+            ex,
+            f"{what}: {fmt(arr[tuple(bad)])} at index {fmt_index(bad)}"
+            + f". Likely mistake: {nan_message or NAN_GENERIC}",
+        )
+    for prop in props:
+        prop(arr)
+    diff = np.abs(arr.astype(float) - want.astype(float))
+    diff = np.where(np.isnan(diff), np.inf, diff)
+    where = np.unravel_index(int(np.argmax(diff)), diff.shape)
+    raise fail(
+        ex,
+        f"{what}: at index {fmt_index(where)} you have {fmt(arr[where])}, the reference has "
+        f"{fmt(want[where])}",
+    )
+
+
+def rows_sum_to_one(ex, what: str, fully_masked=None):
+    """A property check: every row (last axis) sums to 1, except fully masked rows (sum 0)."""
+
+    def prop(arr):
+        sums = arr.sum(axis=-1)
+        target = np.ones_like(sums)
+        if fully_masked is not None:
+            target = np.where(fully_masked, 0.0, 1.0)
+        bad = np.argwhere(~np.isclose(sums, target, rtol=1e-6, atol=1e-9))
+        if len(bad):
+            i = tuple(bad[0])
+            raise fail(
+                ex,
+                f"row {fmt_index(i)} of {what} sums to {fmt(sums[i])}, not {fmt(int(target[i]))}: "
+                "did you normalise over the right axis (the last one, keys)?",
+            )
+        if (arr < 0).any():
+            i = tuple(np.argwhere(arr < 0)[0])
+            raise fail(ex, f"{what}: a negative entry {fmt(arr[i])} at {fmt_index(i)}; "
+                           "softmax weights are never negative")
+
+    return prop
+
+
+def masked_are_zero(ex, what: str, mask):
+    def prop(arr):
+        leak = np.argwhere(~np.broadcast_to(mask, arr.shape) & (arr != 0))
+        if len(leak):
+            i = tuple(leak[0])
+            raise fail(ex, f"{what}: {fmt(arr[i])} at {fmt_index(i)}, where the mask is False; "
+                           "masked entries must be exactly 0 (set their scores to -inf "
+                           "before the softmax)")
+
+    return prop
+
+
+def pair(ex, got, names=("out", "weights")):
+    if not isinstance(got, tuple) or len(got) != 2:
+        kind = f"a tuple of {len(got)}" if isinstance(got, tuple) else type(got).__name__
+        raise fail(ex, f"your function returned {kind}; expected a tuple ({', '.join(names)})")
+    return got
+
+
+def swapped_pair(ex, got, out_shape, weights_shape):
+    a, b = (np.shape(x) for x in got)
+    if a == tuple(weights_shape) and b == tuple(out_shape) and a != b:
+        raise fail(ex, "you returned (weights, out); return (out, weights) in that order")
+
+
+def random_mask(rng, shape, full_rows=()):
+    mask = rng.random(shape) < 0.6
+    mask[..., 0] |= ~mask.any(axis=-1)  # every row keeps at least one entry...
+    for row in full_rows:
+        mask[row] = False  # ...except the rows chosen to be fully masked
+    return mask
+
+
+def attention_probes(rng, B=2, T=3, S=5, d_k=4, d_v=6):
+    q = rng.normal(size=(B, T, d_k))
+    k = rng.normal(size=(B, S, d_k))
+    v = rng.normal(size=(B, S, d_v))
+    return q, k, v
+
+
+def compare_pair(ex, got, want_out, want_w, label, variants, mask=None, full_rows=None,
+                 nan_message=None):
+    """Compare (out, weights): weights first (they show the mistake), then out."""
+    pair(ex, got)
+    swapped_pair(ex, got, want_out.shape, want_w.shape)
+    props = [rows_sum_to_one(ex, f"your weights {label}", full_rows)]
+    if mask is not None:
+        props.insert(0, masked_are_zero(ex, f"your weights {label}", mask))
+    compare(ex, got[1], want_w, f"your weights {label}", "(..., T, S)",
+            variants=[(m, (lambda mk=mk: mk()[1])) for m, mk in variants],
+            props=props, nan_message=nan_message)
+    compare(ex, got[0], want_out, f"your output {label}", "(..., T, d_v)",
+            variants=[(m, (lambda mk=mk: mk()[0])) for m, mk in variants])
+

@@ -1,0 +1,221 @@
+"""Checks for the exercises of lesson 04, multi-head attention
+(``solutions/04_multi_head_attention.ipynb``).
+
+The lesson is ``notebooks/04_multi_head_attention.ipynb``; each ``check_*`` is called by an
+exercise's check cell (see :mod:`mha_course.checks`).
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from .. import MultiHeadAttention, causal_mask, merge_heads, param_count, split_heads
+from .harness import call, compare, fail, fmt_shape, pair, passed, rows_sum_to_one, swapped_pair
+from .variants import attention_hint, attention_variant, mha_variant
+
+__all__ = [
+    "check_cross_attention",
+    "check_fuse_heads",
+    "check_merge_heads",
+    "check_mha_forward",
+    "check_param_count",
+    "check_split_heads",
+]
+
+
+def check_split_heads(fn) -> None:
+    """Exercise 04.1: ``split_heads(x, h)``: (B, T, h*d) -> (B, h, T, d)."""
+    ex = "04.1"
+    rng = np.random.default_rng(401)
+    for B, T, h, d in ((2, 4, 3, 5), (1, 6, 2, 4)):
+        x = rng.normal(size=(B, T, h * d))
+        want = split_heads(x, h)
+        got = call(ex, fn, (x, h), ("x", "h"))
+        compare(
+           ex, got, want, f"your heads for x {fmt_shape(x.shape)}, h={h}", "(B, h, T, d)",
+           variants=[
+               ("reshape without the transpose: x.reshape(B, h, T, d) cuts the memory into "
+                "blocks that mix positions and heads. Reshape to (B, T, h, d), then swap axes "
+                "1 and 2", lambda x=x, s=(B, h, T, d): x.reshape(s)),
+               ("you split the last axis as (d, h): head i must be the contiguous columns "
+                "i*d:(i+1)*d, so reshape to (B, T, h, d)",
+                lambda x=x, s=(B, T, d, h): x.reshape(s).transpose(0, 3, 1, 2)),
+           ],
+           shape_hints={(B, T, h, d): "you reshaped but did not move the head axis: swap "
+                                      "axes 1 and 2 to get (B, h, T, d)"},
+        )
+    passed(ex, "(2, 4, 15) with h=3 and (1, 6, 8) with h=2 match mha_course.split_heads")
+
+
+def check_merge_heads(fn) -> None:
+    """Exercise 04.2: ``merge_heads(x)``: (B, h, T, d) -> (B, T, h*d)."""
+    ex = "04.2"
+    rng = np.random.default_rng(402)
+    for B, h, T, d in ((2, 3, 4, 5), (1, 2, 6, 4)):
+        x = rng.normal(size=(B, h, T, d))
+        want = merge_heads(x)
+        got = call(ex, fn, (x,), ("x",))
+        compare(
+           ex, got, want, f"your merged heads for x {fmt_shape(x.shape)}", "(B, T, h*d)",
+           variants=[
+               ("reshape without the transpose: first swap axes 1 and 2 to (B, T, h, d), then "
+                "reshape to (B, T, h*d)", lambda x=x, s=(B, T, h * d): x.reshape(s)),
+               ("you interleaved the heads' columns: move the axes to (B, T, h, d), not "
+                "(B, T, d, h), before the reshape",
+                lambda x=x, s=(B, T, h * d): x.transpose(0, 2, 3, 1).reshape(s)),
+           ],
+        )
+    passed(ex, "(2, 3, 4, 5) and (1, 2, 6, 4) match mha_course.merge_heads")
+
+
+def check_fuse_heads(fn) -> None:
+    """Exercise 04.3: ``fuse_heads(W)``: per-head (h, d_model, d_k) -> fused (d_model, h*d_k)."""
+    ex = "04.3"
+    rng = np.random.default_rng(403)
+    h, d_model, d_k = 3, 10, 6
+    W = rng.normal(size=(h, d_model, d_k))
+    want = MultiHeadAttention.from_per_head(W, W, W, np.zeros((h * d_k, d_model))).W_q
+    got = call(ex, fn, (W,), ("W",))
+    compare(
+       ex, got, want, "your fused matrix", "(d_model, h*d_k)",
+       variants=[
+           ("reshape without the transpose: W.reshape(d_model, h*d_k) reads head 0's rows "
+            "across the columns. Move the head axis next to d_k first: "
+            "W.transpose(1, 0, 2).reshape(d_model, h*d_k)", lambda: W.reshape(d_model, -1)),
+           ("you interleaved the heads' columns: head i must occupy columns i*d_k:(i+1)*d_k; "
+            "use W.transpose(1, 0, 2), not (1, 2, 0)",
+            lambda: W.transpose(1, 2, 0).reshape(d_model, -1)),
+       ],
+       shape_hints={(h * d_model, d_k): "you stacked the heads' rows (axis 0); lay them side "
+                                        "by side (axis=1): np.concatenate(list(W), axis=1)"},
+    )
+    passed(ex, "(3, 10, 6) -> (10, 18) matches MultiHeadAttention.from_per_head(...).W_q")
+
+
+def check_param_count(fn) -> None:
+    """Exercise 04.4: ``mha_param_count(d_model, h, d_k, d_v, bias)`` -> int."""
+    ex = "04.4"
+    configs = [(512, 8, 64, 64, False), (512, 8, 64, 64, True), (10, 3, 6, 7, False),
+               (10, 3, 6, 7, True), (12, 4, 2, 5, True)]
+    for d_model, h, d_k, d_v, bias in configs:
+        want = param_count(d_model, h, d_k, d_v, bias=bias)
+        got = call(ex, fn, (d_model, h, d_k, d_v, bias), ("d_model", "h", "d_k", "d_v", "bias"))
+        if isinstance(got, (bool, np.bool_)) or not isinstance(got, (numbers.Integral,
+                                                                      np.integer)):
+            raise fail(ex, f"you returned {got!r} ({type(got).__name__}); expected an int")
+        if got == want:
+            continue
+        b = 2 * h * d_k + h * d_v + d_model if bias else 0
+        guesses = {
+            want - h * d_v * d_model: "you left out the output projection W_o, (h·d_v, d_model)",
+            want - b: "you left out the biases (b_q, b_k: h·d_k each; b_v: h·d_v; b_o: d_model)",
+            want - b + 4 * d_model: "biases: b_q and b_k have h·d_k entries, b_v has h·d_v and "
+                                    "b_o has d_model; 4·d_model holds only when h·d_k = h·d_v = "
+                                    "d_model",
+            4 * d_model**2 + (4 * d_model if bias else 0):
+                "you used 4·d_model², which holds only when h·d_k = h·d_v = d_model; count "
+                "each matrix from d_k and d_v",
+            want - b + (2 * h * d_k + h * d_v + h * d_v if bias else 0):
+                "b_o has d_model entries (it is added after W_o), not h·d_v",
+        }
+        guesses.pop(want, None)
+        why = guesses.get(int(got))
+        raise fail(ex, f"for d_model={d_model}, h={h}, d_k={d_k}, d_v={d_v}, bias={bias} you "
+                       f"returned {int(got)}, expected {want}"
+                       + (f". Likely mistake: {why}" if why else ""))
+    passed(ex, "five layer sizes, with and without biases, match mha_course.param_count")
+
+
+def check_mha_forward(fn) -> None:
+    """Exercise 04.5: ``mha_forward(x, W_q, W_k, W_v, W_o, mask=None)`` -> (out, weights)."""
+    ex = "04.5"
+    rng = np.random.default_rng(405)
+    B, T, d_model, h, d_k, d_v = 2, 4, 10, 3, 6, 7
+    x = rng.normal(size=(B, T, d_model))
+    W_q, W_k = rng.normal(size=(2, h, d_model, d_k)) / np.sqrt(d_model)
+    W_v = rng.normal(size=(h, d_model, d_v)) / np.sqrt(d_model)
+    W_o = rng.normal(size=(h * d_v, d_model)) / np.sqrt(h * d_v)
+    layer = MultiHeadAttention.from_per_head(W_q, W_k, W_v, W_o)
+    for label, mask in (("without a mask", None), ("with a causal mask", causal_mask(T))):
+        want_out, want_w = layer(x, mask=mask)
+        kwargs = {} if mask is None else {"mask": mask}
+        got = call(ex, fn, (x, W_q, W_k, W_v, W_o), ("x", "W_q", "W_k", "W_v", "W_o"), kwargs,
+                   hint=attention_hint)
+        pair(ex, got)
+        swapped_pair(ex, got, want_out.shape, want_w.shape)
+        if np.shape(got[0]) == (B, T, h * d_v):
+            raise fail(ex, f"your output has shape {fmt_shape((B, T, h * d_v))}, the concatenated "
+                           "heads: you forgot the output projection, concat(heads) @ W_o")
+
+        def var(mask=mask, **kw):
+            return lambda: mha_variant(x, W_q, W_k, W_v, W_o, mask, **kw)
+
+        variants = [
+            ("scores not scaled by √d_k: each head divides q·kᵀ by √d_k", var(scale="none")),
+            ("you scaled by √d_model; each head scales by its own √d_k", var(scale="d_model")),
+            ("softmax over the wrong axis: normalise over the keys (the last axis)", var(axis=-2)),
+            ("the heads are concatenated in reverse order: head i goes in columns "
+             "i*d_v:(i+1)*d_v, which W_o's rows expect", var(order=-1)),
+        ]
+        if mask is not None:
+            variants.append(("the mask was ignored: pass it to every head", var(use_mask=False)))
+        compare(ex, got[1], want_w, f"your weights {label}", "(B, h, T, S)",
+                variants=[(m, (lambda mk=mk: mk()[1])) for m, mk in variants],
+                shape_hints={(B, T, h, T): "stack the heads' weights on axis 1: (B, h, T, S)"},
+                props=[rows_sum_to_one(ex, f"your weights {label}")])
+        compare(ex, got[0], want_out, f"your output {label}", "(B, T, d_model)",
+                variants=[(m, (lambda mk=mk: mk()[0])) for m, mk in variants])
+    passed(ex, "out (2, 4, 10) and weights (2, 3, 4, 4) match "
+               "MultiHeadAttention.from_per_head(...) with h=3, d_k=6, d_v=7, with and "
+               "without a causal mask")
+
+
+#: Exercise 04.6 builds cross-attention from the layer's weights: calling the layer is not it.
+_NOT_THE_LAYER = dict.fromkeys(
+    ["mha_course.MultiHeadAttention.forward", "mha_course.MultiHeadAttention.__call__"],
+    "compute cross-attention from the layer's weights, not by calling the layer",
+)
+
+
+def check_cross_attention(fn) -> None:
+    """Exercise 04.6: ``cross_attention(layer, x, context)`` -> (out, weights)."""
+    ex = "04.6"
+    rng = np.random.default_rng(406)
+    B, T, S, d_model = 2, 4, 5, 10
+    layer = MultiHeadAttention(d_model, 3, d_k=6, d_v=7, rng=rng)
+    x = rng.normal(size=(B, T, d_model))
+    context = rng.normal(size=(B, S, d_model))
+    want_out, want_w = layer(x, context=context)
+    got = call(ex, fn, (layer, x, context), ("layer", "x", "context"), hint=attention_hint,
+               forbid=_NOT_THE_LAYER)
+    pair(ex, got)
+    swapped_pair(ex, got, want_out.shape, want_w.shape)
+    shapes = {
+        (B, 3, T, T): "your weights are (B, h, T, T): keys and values must come from context "
+                      "(k = context @ W_k, v = context @ W_v), queries from x",
+        (B, 3, S, S): "your weights are (B, h, S, S): the queries must come from x "
+                      "(q = x @ W_q); only keys and values come from context",
+        (B, 3, S, T): "you swapped the roles: queries come from x, keys and values from context",
+    }
+    if np.shape(got[1]) in shapes:
+        raise fail(ex, f"Likely mistake: {shapes[np.shape(got[1])]}")
+
+    def unscaled():
+        q = split_heads(x @ layer.W_q, layer.h)
+        k = split_heads(context @ layer.W_k, layer.h)
+        v = split_heads(context @ layer.W_v, layer.h)
+        out, w = attention_variant(q, k, v, scale="none")
+        return merge_heads(out) @ layer.W_o, w
+
+    variants = [("scores not scaled by √d_k", unscaled)]
+    compare(ex, got[1], want_w, "your weights", "(B, h, T, S)",
+            variants=[(m, (lambda mk=mk: mk()[1])) for m, mk in variants],
+            props=[rows_sum_to_one(ex, "your weights")])
+    compare(ex, got[0], want_out, "your output", "(B, T, d_model)",
+            variants=[(m, (lambda mk=mk: mk()[0])) for m, mk in variants],
+            shape_hints={(B, T, 3 * 7): "you forgot the output projection: merged heads @ "
+                                        "layer.W_o"})
+    passed(ex, "out (2, 4, 10) and weights (2, 3, 4, 5) match layer(x, context=context) "
+               "for T=4 queries and S=5 context positions")

@@ -1,0 +1,123 @@
+"""Reading and writing notebooks, and the exercise metadata of their cells.
+
+The bottom layer of the grading tools: every other module of :mod:`mha_course.grading` builds on
+these. The notebook format is the contract in the course's exercise-format brief: every exercise
+cell of a solution notebook carries ``metadata["mha_course"] = {"exercise": "03.2", "role":
+ROLE}`` with ROLE one of ``setup``, ``task``, ``solution``, ``check``, ``text``, and each
+solution cell holds one region between ``### BEGIN SOLUTION`` and ``### END SOLUTION``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+
+BEGIN = "### BEGIN SOLUTION"
+END = "### END SOLUTION"
+ROLES = ("setup", "task", "solution", "check", "text")
+ID_RE = re.compile(r"^(\d\d)\.([1-9]\d*)$")
+LESSON_RE = re.compile(r"^\d\d$")
+ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+class ExerciseError(Exception):
+    """A problem with a notebook or a command, reported as one clear line (exit code 2)."""
+
+
+@dataclass
+class CellRole:
+    """What a code cell of the notebook the checker runs is: its exercise, role and label.
+
+    ``exercise`` is None for a cell that belongs to no exercise (a setup cell, or a cell
+    before the first exercise); ``label`` names the cell in messages ("your solution cell",
+    "the check cell `check_x(x)`").
+    """
+
+    exercise: str | None
+    role: str
+    label: str
+
+
+def course_root() -> Path:
+    """Return the folder holding ``solutions/``: the current folder, else the package's parent."""
+    for candidate in (Path.cwd(), Path(__file__).resolve().parents[2]):
+        if (candidate / "solutions").is_dir():
+            return candidate
+    return Path.cwd()
+
+
+def read_notebook(path: str | Path) -> nbformat.NotebookNode:
+    """Read a notebook, or raise :class:`ExerciseError` with a one-line reason."""
+    path = Path(path)
+    if not path.exists():
+        raise ExerciseError(f"{path}: no such file")
+    if path.is_dir():
+        raise ExerciseError(f"{path}: is a folder, not a notebook")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ExerciseError(f"{path}: cannot read it ({exc})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ExerciseError(
+            f"{path}: not a notebook: the file is not valid JSON "
+            f"(line {exc.lineno}, column {exc.colno}: {exc.msg})"
+        ) from None
+    if not isinstance(data, dict) or not isinstance(data.get("cells"), list):
+        raise ExerciseError(f"{path}: not a notebook: no list of cells in the JSON")
+    try:
+        return nbformat.reads(text, as_version=4)
+    except Exception as exc:  # nbformat raises several types for malformed notebooks
+        raise ExerciseError(f"{path}: not a readable notebook ({exc})") from None
+
+
+def info(cell) -> dict:
+    """The cell's ``mha_course`` metadata (empty dict when there is none)."""
+    meta = cell.get("metadata", {}).get("mha_course")
+    return meta if isinstance(meta, dict) else {}
+
+
+def nb_info(nb) -> dict:
+    """The notebook's ``mha_course`` metadata (empty dict when there is none)."""
+    meta = nb.get("metadata", {}).get("mha_course")
+    return meta if isinstance(meta, dict) else {}
+
+
+def notebook_text(nb) -> str:
+    """The exact text ``nbformat.write`` would produce (indent 1, sorted keys, final newline)."""
+    text = nbformat.writes(nb)
+    return text if text.endswith("\n") else text + "\n"
+
+
+def lesson_of(exercise: str) -> str:
+    """The lesson of an exercise id: ``"03.2"`` -> ``"03"``.
+
+    >>> lesson_of("03.2")
+    '03'
+    """
+    return exercise.split(".")[0]
+
+
+def id_key(exercise: str) -> tuple[int, int]:
+    """Sort key of an exercise id, so that 01.10 comes after 01.9."""
+    lesson, number = exercise.split(".")
+    return int(lesson), int(number)
+
+
+def sort_ids(ids) -> list[str]:
+    """Exercise ids in lesson order, without repeats.
+
+    >>> sort_ids(["03.2", "01.10", "01.9", "03.2"])
+    ['01.9', '01.10', '03.2']
+    """
+    return sorted(set(ids), key=id_key)
+
+
+def clean(text: str) -> str:
+    """``text`` without ANSI colour codes (tracebacks from a kernel are coloured)."""
+    return ANSI_RE.sub("", text or "")

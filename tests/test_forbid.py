@@ -1,0 +1,265 @@
+""""Write it yourself": a check fails an answer that calls what its exercise forbids, and says so.
+
+Exercises 01.1 (matmul with loops: no NumPy), 02.4 (masked softmax: no library softmax) and
+04.6 (cross-attention: not by calling the layer) declare what they forbid; the harness finds a
+use in the function's source (aliases and helpers included) or while it runs (a profiler).
+"""
+
+from __future__ import annotations
+
+import linecache
+import sys
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import numpy as xp
+import pytest
+
+import mha_course
+from mha_course import checks
+from mha_course import softmax as sm
+from mha_course.checks import CheckFailed
+from mha_course.checks.forbid import resolve, rules_for
+from mha_course.checks.harness import call
+
+ROOT = Path(__file__).resolve().parent.parent
+LOOPS = "Exercise 01.1 asks you to multiply with three Python loops, without NumPy; your answer "
+MASKING = "Exercise 02.4 asks you to write the masking yourself; your answer calls "
+LAYER = ("Exercise 04.6 asks you to compute cross-attention from the layer's weights, not by "
+         "calling the layer; your answer calls mha_course.MultiHeadAttention.forward")
+
+
+# ------------------------------------------------------------------------------- 02.4 answers
+
+
+def masked_softmax_by_hand(x, mask):
+    scores = np.where(mask, x, -np.inf)
+    m = scores.max(axis=-1, keepdims=True)
+    e = np.exp(scores - np.where(np.isfinite(m), m, 0.0))
+    total = e.sum(axis=-1, keepdims=True)
+    return e / np.where(total == 0, 1.0, total)
+
+
+def calls_the_package(x, mask):
+    return mha_course.softmax(x, mask=mask)
+
+
+def calls_an_alias(x, mask):
+    return sm(x, mask=mask)
+
+
+def stable(x):
+    return sm(x)
+
+
+def calls_it_in_a_helper(x, mask):
+    out = stable(np.where(mask, x, -np.inf))
+    return np.where(mask.any(axis=-1, keepdims=True), out, 0.0)
+
+
+def imports_it_inside(x, mask):
+    from mha_course import softmax as s2
+
+    return s2(x, mask=mask)
+
+
+def finds_it_by_name(x, mask):  # nothing in the source names it: the profiler sees the call
+    return getattr(mha_course, "soft" + "max")(x, mask=mask)
+
+
+def calls_it_in_a_branch_not_taken(x, mask):
+    if x.ndim > 10:
+        return mha_course.softmax(x, mask=mask)
+    return masked_softmax_by_hand(x, mask)
+
+
+MASKED_SOFTMAX = [
+    (calls_the_package, "mha_course.softmax"),
+    (calls_an_alias, "sm (mha_course.softmax)"),
+    (calls_it_in_a_helper, "sm (mha_course.softmax) in your function `stable`"),
+    (imports_it_inside, "s2 (mha_course.softmax)"),
+    (finds_it_by_name, "mha_course.softmax"),
+    (calls_it_in_a_branch_not_taken, "mha_course.softmax"),
+]
+
+
+@pytest.mark.parametrize(("answer", "called"), MASKED_SOFTMAX,
+                         ids=[a.__name__ for a, _ in MASKED_SOFTMAX])
+def test_masked_softmax_may_not_call_a_library_softmax(answer, called, capsys):
+    with pytest.raises(CheckFailed) as info:
+        checks.check_masked_softmax(answer)
+    assert str(info.value) == MASKING + called
+    assert capsys.readouterr().out == ""
+
+
+def test_masked_softmax_by_hand_passes_although_the_check_calls_softmax_itself(capsys):
+    checks.check_masked_softmax(masked_softmax_by_hand)  # the reference is mha_course.softmax
+    assert capsys.readouterr().out.startswith("Exercise 02.4 passed: ")
+
+
+def test_the_forbid_message_comes_before_the_likely_mistake():
+    with pytest.raises(CheckFailed, match=r"asks you to write the masking yourself"):
+        checks.check_masked_softmax(lambda x, mask: mha_course.softmax(x) * mask)
+
+
+# ------------------------------------------------------------------------------- 01.1 answers
+
+
+def matmul_loops(a, b):
+    if len(a[0]) != len(b):
+        raise ValueError(f"inner dimensions {len(a[0])} and {len(b)} differ")
+    out = [[0] * len(b[0]) for _ in a]
+    for i, row in enumerate(a):
+        for k, a_ik in enumerate(row):
+            for j in range(len(b[0])):
+                out[i][j] += a_ik * b[k][j]
+    return out
+
+
+def matmul_numpy_alias(a, b):
+    return (xp.asarray(a) @ xp.asarray(b)).tolist()
+
+
+def matmul_ufunc_in_loops(a, b):  # a ufunc runs no Python code: only the source shows it
+    if len(a[0]) != len(b):
+        raise ValueError("inner dimensions differ")
+    out = [[0] * len(b[0]) for _ in a]
+    for i in range(len(a)):
+        for k in range(len(b)):
+            for j in range(len(b[0])):
+                out[i][j] += int(np.multiply(a[i][k], b[k][j]))
+    return out
+
+
+def matmul_from_the_package(a, b):
+    return mha_course.naive.matmul(a, b)
+
+
+MATMUL = [
+    (matmul_numpy_alias, LOOPS + "calls xp.asarray (numpy.asarray)"),
+    (matmul_ufunc_in_loops, LOOPS + "calls np.multiply (numpy.multiply)"),
+    (matmul_from_the_package, "Exercise 01.1 asks you to write the three loops yourself; your "
+                              "answer calls mha_course.naive.matmul"),
+]
+
+
+@pytest.mark.parametrize(("answer", "message"), MATMUL, ids=[a.__name__ for a, _ in MATMUL])
+def test_matmul_with_loops_may_not_use_numpy_or_the_package(answer, message):
+    with pytest.raises(CheckFailed) as info:
+        checks.check_matmul_loops(answer)
+    assert str(info.value) == message
+
+
+def test_matmul_with_plain_loops_passes(capsys):
+    checks.check_matmul_loops(matmul_loops)
+    assert capsys.readouterr().out.startswith("Exercise 01.1 passed: ")
+
+
+# ------------------------------------------------------------------------------- 04.6 answers
+
+
+def cross_attention_by_hand(layer, x, context):
+    q = mha_course.split_heads(x @ layer.W_q, layer.h)
+    k = mha_course.split_heads(context @ layer.W_k, layer.h)
+    v = mha_course.split_heads(context @ layer.W_v, layer.h)
+    heads, weights = mha_course.scaled_dot_product_attention(q, k, v)
+    return mha_course.merge_heads(heads) @ layer.W_o, weights
+
+
+@pytest.mark.parametrize("answer", [
+    lambda layer, x, context: layer(x, context=context),
+    lambda layer, x, context: layer.forward(x, context),
+    lambda layer, x, context: mha_course.MultiHeadAttention.forward(layer, x, context),
+], ids=["layer(...)", "layer.forward(...)", "MultiHeadAttention.forward(layer, ...)"])
+def test_cross_attention_may_not_call_the_layer(answer):
+    with pytest.raises(CheckFailed) as info:
+        checks.check_cross_attention(answer)
+    assert str(info.value) == LAYER
+
+
+def test_cross_attention_from_the_weights_passes(capsys):
+    checks.check_cross_attention(cross_attention_by_hand)
+    assert capsys.readouterr().out.startswith("Exercise 04.6 passed: ")
+
+
+# -------------------------------------------------------------------------- the harness itself
+
+
+def test_checker_calls_before_and_after_the_learners_call_do_not_count():
+    x = np.arange(6.0).reshape(2, 3)
+    want = mha_course.softmax(x)  # the checker's reference, before
+    got = call("99.1", lambda x: np.exp(x) / np.exp(x).sum(-1, keepdims=True), (x,), ("x",),
+               forbid={"mha_course.softmax": "write it yourself"})
+    np.testing.assert_allclose(got, mha_course.softmax(x))  # and after
+    np.testing.assert_allclose(got, want)
+
+
+def test_a_package_that_is_not_installed_is_skipped():
+    assert resolve("surely_not_installed_pkg.softmax") is None
+    got = call("99.1", masked_softmax_by_hand, (np.ones((2, 3)), np.ones((2, 3), bool)),
+               ("x", "mask"), forbid={"surely_not_installed_pkg.softmax": "write it yourself"})
+    assert got.shape == (2, 3)
+
+
+def test_an_import_inside_the_function_of_a_package_not_loaded_is_matched_by_name():
+    def uses_it(x):
+        import surely_not_installed_pkg as lib
+
+        return lib.softmax(x)
+
+    with pytest.raises(CheckFailed, match=r"^Exercise 99\.1 asks you to write it yourself; your "
+                                          r"answer calls lib\.softmax "
+                                          r"\(surely_not_installed_pkg\.softmax\)$"):
+        call("99.1", uses_it, (1.0,), ("x",),
+             forbid={"surely_not_installed_pkg.softmax": "write it yourself"})
+
+
+def test_a_whole_package_is_forbidden_below_its_top_level():
+    rules = rules_for({"numpy": "do it by hand"})
+    assert rules[0].module == "numpy" and rules[0].folder.endswith("numpy/")
+
+    def norm(v):
+        return float(np.linalg.norm(v))
+
+    with pytest.raises(CheckFailed, match=r"calls np\.linalg\.norm \(numpy\.linalg.*norm\)$"):
+        call("99.1", norm, ([3.0, 4.0],), ("v",), forbid={"numpy": "do it by hand"})
+
+
+def test_the_previous_profiler_keeps_running_and_is_restored():
+    events = []
+
+    def profiler(frame, event, arg):
+        events.append(event)
+
+    sys.setprofile(profiler)
+    try:
+        call("99.1", matmul_loops, ([[1, 2]], [[3], [4]]), ("a", "b"),
+             forbid={"numpy": "do it by hand"})
+        assert sys.getprofile() is profiler
+    finally:
+        sys.setprofile(None)
+    assert "call" in events
+
+
+# ----------------------------------------------------- every solution, as notebook cells run it
+
+
+SOLUTIONS = sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=[p.stem for p in SOLUTIONS])
+def test_every_solution_passes_its_check_with_the_committed_output(path, capsys):
+    """Run the solution notebook's code cells in one namespace, with their source in linecache
+    as IPython keeps it (so the checks can read it), and compare what they print."""
+    nb = nbformat.read(path, as_version=4)
+    namespace = {"__name__": "__main__"}
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        filename = f"<{path.stem} cell {index}>"
+        linecache.cache[filename] = (len(cell.source), None,
+                                     cell.source.splitlines(keepends=True), filename)
+        exec(compile(cell.source, filename, "exec"), namespace)
+        expected = "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
+        assert capsys.readouterr().out == expected, f"{path.name}, cell {index}"
