@@ -9,13 +9,14 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 PORT   ?= 8888
 NOTEBOOKS := $(wildcard notebooks/*.ipynb) $(wildcard solutions/*.ipynb)
 
-.PHONY: help lab test lint unit nbval exercises check assign bench clean-venv
+.PHONY: help lab test lint unit nbval exercises notebook check assign bench clean-venv
 
 help:
 	@echo "make lab    set up .venv and open the course in JupyterLab (127.0.0.1, token auth)"
 	@echo "make test   set up .venv with the test extras and run every test"
 	@echo "make check EX=03   check your exercises/03_*.ipynb against the solutions"
 	@echo "make exercises     regenerate exercises/ from solutions/"
+	@echo "make notebook NB=notebooks/05_x.ipynb   (maintainers) execute a notebook in place, tidied"
 	@echo "make bench         run the benchmarks (needs the reference extra; ARGS=--quick)"
 
 $(BIN)/python:
@@ -49,6 +50,15 @@ test: lint unit nbval
 
 exercises: $(VENV)/.installed
 	$(BIN)/python -m mha_course generate
+
+# Maintainers: run a lesson or solution notebook top to bottom in a fresh kernel, save its outputs,
+# then tidy it (kernelspec, no timing metadata, no widget state, nbval markers as tags).
+notebook: $(VENV)/.installed-test
+	$(if $(NB),,$(error pass NB=path/to/notebook.ipynb))
+	$(BIN)/jupyter nbconvert --to notebook --execute --inplace \
+	    --ExecutePreprocessor.record_timing=False --ExecutePreprocessor.store_widget_state=False \
+	    --ExecutePreprocessor.timeout=600 $(NB)
+	$(BIN)/python -m mha_course tidy $(NB)
 
 check: $(VENV)/.installed-test
 	$(BIN)/python -m mha_course check $(if $(EX),exercises/$(EX)_*.ipynb,$(error pass EX=NN, e.g. make check EX=03))

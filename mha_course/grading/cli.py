@@ -6,6 +6,7 @@
 - ``check``: the learner's verdict on a notebook (``make check EX=03``), or an instructor's
   table over a folder of submissions.
 - ``assign``: bundle chosen exercises into one assignment notebook.
+- ``tidy``: notebook hygiene for maintainers (``make notebook NB=...`` runs it after executing).
 
 Exit codes: 0 all good; 1 some exercise did not pass (or exercises/ is stale with --verify);
 2 a usage error or a missing, broken or foreign notebook.
@@ -22,9 +23,10 @@ from pathlib import Path
 from .bundle import assign
 from .check import check_notebook
 from .generate import find_stale, generate
-from .notebooks import ExerciseError, course_root, sort_ids
+from .notebooks import ExerciseError, course_root, notebook_text, read_notebook, sort_ids
 from .report import collect_submissions, csv_text, format_result, summary_table
 from .run import DEFAULT_TIMEOUT
+from .tidy import problems, tidy
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -61,6 +63,12 @@ def _parser() -> argparse.ArgumentParser:
                      help="the assignment notebook to write (.ipynb)")
     asg.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
     asg.add_argument("--solutions", type=Path, help="solution notebooks (default: solutions/)")
+
+    tdy = sub.add_parser("tidy", help="maintainers: kernelspec, no timing metadata, no widget "
+                                      "state, nbval markers as tags")
+    tdy.add_argument("paths", nargs="+", type=Path, metavar="NOTEBOOK")
+    tdy.add_argument("--check", action="store_true",
+                     help="write nothing; list what is untidy and exit 1 if anything is")
     return parser
 
 
@@ -183,11 +191,29 @@ def _assign(args) -> int:
     return 0
 
 
+def _tidy(args) -> int:
+    untidy = 0
+    for path in args.paths:
+        nb = read_notebook(path)
+        found = problems(nb)
+        if args.check:
+            untidy += bool(found)
+            for line in found:
+                print(f"{path}: {line}")
+            continue
+        text = notebook_text(tidy(nb))
+        if text != path.read_text(encoding="utf-8"):
+            path.write_text(text, encoding="utf-8")
+            print(f"tidied {path}" + (f" ({len(found)} fixes)" if found else ""))
+    return 1 if untidy else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m mha_course`` and the ``mha-course`` script."""
     args = _parser().parse_args(argv)
     try:
-        return {"generate": _generate, "check": _check, "assign": _assign}[args.command](args)
+        commands = {"generate": _generate, "check": _check, "assign": _assign, "tidy": _tidy}
+        return commands[args.command](args)
     except ExerciseError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
