@@ -142,6 +142,40 @@ def test_each_core_module_names_the_lesson_that_teaches_it(module):
     assert match, f"mha_course.{module}'s docstring does not name its lesson"
 
 
+def package_map() -> dict[str, tuple[str, list[str]]]:
+    """README's "Map of the package": {path: (lesson, [test files])}."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("### Map of the package", 1)[1].split("\n#", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0].startswith("`mha_course/"):
+            rows[cells[0].strip("`")] = (cells[2], re.findall(r"`([\w.]+\.py)`", cells[3]))
+    return rows
+
+
+def package_units() -> dict[str, Path]:
+    """Each top-level module of the package, and each sub-package as one unit."""
+    pkg = ROOT / "mha_course"
+    units = {f"mha_course/{p.name}": p for p in pkg.glob("*.py")
+             if p.name not in ("__init__.py", "__main__.py")}
+    units.update({f"mha_course/{p.name}/": p / "__init__.py" for p in pkg.iterdir()
+                  if (p / "__init__.py").is_file()})
+    return units
+
+
+def test_readme_map_lists_every_module_with_its_lesson_and_tests():
+    rows, units = package_map(), package_units()
+    assert sorted(rows) == sorted(units), "README's map and the package's modules differ"
+    for path, (lesson, tests) in rows.items():
+        doc = units[path].read_text(encoding="utf-8").split('"""')[1]
+        match = re.search(r"Taught in ``notebooks/(\d\d)_\w+\.ipynb``", doc)
+        assert (match.group(1) if match else "—") == lesson, f"{path}: README says {lesson}"
+        assert tests, f"{path}: no test file in README's map"
+        for test in tests:
+            assert (ROOT / "tests" / test).is_file(), f"{path}: {test} does not exist"
+
+
 def test_importing_the_package_loads_no_plotting_widgets_or_torch():
     code = (
         "import sys, mha_course, mha_course.naive\n"
