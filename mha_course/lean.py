@@ -8,9 +8,9 @@ scores (which become the weights), the heads and the merged heads. :func:`lean_f
 the same output and weights, ordered for the machine instead of the reader, as nanoGPT keeps its
 manual attention beside the flash call:
 
-1. **Blocks of query rows.** The scores are computed a block of query rows at a time straight
-   into the weights array and softmaxed there while the block is still in the CPU's cache,
-   instead of four passes over a (..., h, T, S) array too large for it.
+1. **Blocks of query rows.** When one head's scores outgrow the L2 cache, they are computed a
+   block of query rows at a time straight into the weights array and softmaxed there while the
+   block is still in the cache, instead of passes over a (..., h, T, S) array too large for it.
 2. **Memory in order.** ``q`` is scaled in place; ``v`` is projected only after ``k`` is
    freed, so q, k and v never coexist with the weights; the heads are written straight into
    the merged layout (..., T, h*d_v) through a ``split_heads`` view, reusing q's buffer, so
@@ -36,10 +36,14 @@ import numpy as np
 
 from .heads import group_heads, kv_for_groups, merge_heads, project, split_heads, ungroup_heads
 from .positions import apply_rope
+from .softmax import softmax_inplace
 
-#: Bytes of scores per block of query rows (all heads and batch axes together): half of a
-#: 2 MiB L2 cache.
-BLOCK_BYTES = 1 << 20
+#: One head's scores larger than this (a core's L2 cache) are computed and softmaxed a block of
+#: query rows at a time.
+BLOCK_BYTES = 1 << 21
+#: Fewest query rows per block: OpenBLAS runs thinner (rows, d_k) @ (d_k, S) products several times
+#: slower per FLOP (measured: 16-row blocks took 4.7x as long as the whole (2048, 2048) product).
+MIN_ROWS = 128
 
 
 def lean_forward(layer, x, context=None, mask=None):
@@ -88,14 +92,26 @@ def lean_forward(layer, x, context=None, mask=None):
     kT = np.swapaxes(kv_for_groups(k), -1, -2)  # (..., g, 1, d_k, S), a view of k
     shift = not exp_is_safe(q_heads, kT, dtype)
 
-    # 1. Scores and softmax, a block of query rows at a time, straight into the weights.
+    # 1. Scores, then softmax in place (shifted only when it can matter). When one head's scores
+    #    outgrow the L2 cache, a block of query rows of one head at a time, so the softmax reads
+    #    the block while it is still in the cache.
     weights = np.empty((*batch, g, h // g, T, S), dtype=dtype)
-    rows = max(1, BLOCK_BYTES // max(1, weights[..., 0, :].nbytes))  # rows of all heads
-    for t0 in range(0, T, rows):
-        t = slice(t0, t0 + rows)
-        w = weights[..., t, :]  # (..., g, h/g, rows, S), a view
-        np.matmul(q_heads[..., t, :], kT, out=w)  # (..., g, h/g, rows, d_k) @ (.., d_k, S)
-        softmax_rows(w, None if m is None else m[..., t, :] if m.shape[-2] > 1 else m, shift)
+    if T * S * weights.itemsize <= BLOCK_BYTES:
+        np.matmul(q_heads, kT, out=weights)  # (..., g, h/g, T, d_k) @ (..., g, 1, d_k, S)
+        softmax_inplace(weights, mask=m, shift=shift)
+    else:
+        lead = weights.shape[:-2]  # (..., g, h/g): one (T, S) matrix per index
+        q_all = np.broadcast_to(q_heads, (*lead, T, d_k))  # views: nothing is copied
+        kT_all = np.broadcast_to(kT, (*lead, d_k, S))
+        m_all = None if m is None else np.broadcast_to(m, (*lead, *m.shape[-2:]))
+        rows = max(MIN_ROWS, BLOCK_BYTES // (S * weights.itemsize))
+        for i in np.ndindex(*lead):
+            for t0 in range(0, T, rows):
+                t = slice(t0, t0 + rows)
+                w = weights[i][t]  # (rows, S), a view
+                np.matmul(q_all[i][t], kT_all[i], out=w)  # (rows, d_k) @ (d_k, S)
+                block_mask = None if m is None else m_all[i][t] if m.shape[-2] > 1 else m_all[i]
+                softmax_inplace(w, mask=block_mask, shift=shift)
     del k, kT  # memory: k is not needed once the weights exist
     # 2. The values, projected only now, so q, k and v never coexist with the weights.
     v = kv_for_groups(split_heads(project(kv_input, layer.W_v, layer.b_v, dtype), g))
@@ -111,26 +127,6 @@ def lean_forward(layer, x, context=None, mask=None):
     del v
     out = project(concat, layer.W_o, layer.b_o, dtype)  # (..., T, d_model)
     return out, ungroup_heads(weights)
-
-
-def softmax_rows(s: np.ndarray, mask, shift: bool) -> None:
-    """Masked softmax over the last axis of ``s``, in place; ``shift=False`` skips the max.
-
-    Only safe with ``shift=False`` when :func:`exp_is_safe` proved it. Fully masked rows
-    become 0, never NaN.
-    """
-    if mask is not None:
-        np.copyto(s, -np.inf, where=~mask)
-    if shift:
-        row_max = s.max(axis=-1, keepdims=True)
-        if mask is not None:
-            row_max[~np.isfinite(row_max)] = 0  # a fully masked row: shift by 0, exp(-inf) = 0
-        s -= row_max
-    np.exp(s, out=s)
-    total = s.sum(axis=-1, keepdims=True)
-    if mask is not None:
-        total[total == 0] = 1
-    s *= np.reciprocal(total, out=total)
 
 
 def exp_is_safe(q: np.ndarray, kT: np.ndarray, dtype) -> bool:

@@ -70,7 +70,7 @@ def softmax(x, axis: int = -1, mask=None) -> np.ndarray:
 BLOCK_BYTES = 1 << 19
 
 
-def softmax_inplace(s: np.ndarray, axis: int = -1, mask=None) -> np.ndarray:
+def softmax_inplace(s: np.ndarray, axis: int = -1, mask=None, shift: bool = True) -> np.ndarray:
     """Softmax of ``s`` along ``axis``, overwriting ``s``; entries where ``mask`` is False get 0.
 
     The package's one softmax kernel: :func:`softmax` runs it on a copy, the attention
@@ -83,10 +83,14 @@ def softmax_inplace(s: np.ndarray, axis: int = -1, mask=None) -> np.ndarray:
     float64, one thread, a division pass takes about 1.5x as long as a multiplication pass). A
     large array is done a block of rows at a time (see :data:`BLOCK_BYTES`); the result is the
     same, row by row.
+
+    ``shift=False`` skips the max subtraction. Only :func:`mha_course.lean.lean_forward` passes
+    it, after proving that no ``exp`` can overflow or underflow (lesson 02's rule, "always
+    subtract the max", holds everywhere else).
     """
     last = axis in (-1, s.ndim - 1)
     if not (last and s.ndim >= 2 and s.nbytes > 4 * BLOCK_BYTES):
-        return _softmax_block(s, axis, mask)
+        return _softmax_block(s, axis, mask, shift)
     if mask is not None:
         mask = np.asarray(mask)
         mask = mask.reshape((1,) * (2 - mask.ndim) + mask.shape)  # a row axis to slice
@@ -94,21 +98,22 @@ def softmax_inplace(s: np.ndarray, axis: int = -1, mask=None) -> np.ndarray:
     for t0 in range(0, s.shape[-2], rows):
         t = slice(t0, t0 + rows)
         block_mask = mask if mask is None or mask.shape[-2] == 1 else mask[..., t, :]
-        _softmax_block(s[..., t, :], -1, block_mask)  # (..., rows, S), a view into s
+        _softmax_block(s[..., t, :], -1, block_mask, shift)  # (..., rows, S), a view into s
     return s
 
 
-def _softmax_block(s: np.ndarray, axis: int, mask) -> np.ndarray:
+def _softmax_block(s: np.ndarray, axis: int, mask, shift: bool) -> np.ndarray:
     masked = mask is not None
     if masked:
         np.copyto(s, -np.inf, where=~mask)
     if s.shape[axis] == 0:
         return s  # nothing to normalise (no keys): an empty slice, like a fully masked one
-    row_max = s.max(axis=axis, keepdims=True)
-    if masked:
-        # A fully masked slice has max -inf; shifting by 0 leaves exp(-inf) = 0, no NaN.
-        row_max[~np.isfinite(row_max)] = 0
-    s -= row_max
+    if shift:
+        row_max = s.max(axis=axis, keepdims=True)
+        if masked:
+            # A fully masked slice has max -inf; shifting by 0 leaves exp(-inf) = 0, no NaN.
+            row_max[~np.isfinite(row_max)] = 0
+        s -= row_max
     np.exp(s, out=s)
     total = s.sum(axis=axis, keepdims=True)
     if masked:

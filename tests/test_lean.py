@@ -64,13 +64,15 @@ def test_lean_forward_equals_the_readable_forward(rng, case, rope, n_kv_heads):
     assert np.isfinite(lean_out).all() and np.isfinite(lean_weights).all()
 
 
+@pytest.mark.parametrize("case", ["cross_one_context", "fully_masked_row", "self_causal"])
 @pytest.mark.parametrize("rows_per_block", [1, 2, 100])
-def test_every_block_size_gives_the_same_result(rng, monkeypatch, rows_per_block):
+def test_the_per_head_row_blocks_give_the_same_result(rng, monkeypatch, case, rows_per_block):
+    """Heads too big for the cache are done one head and a block of query rows at a time."""
     layer = random_layer(rng, n_kv_heads=2)
-    x, context, mask = inputs(rng, "cross_one_context")
+    x, context, mask = inputs(rng, case)
     want_out, want_weights = layer(x, context, mask)
-    one_row = np.empty((*np.broadcast_shapes(x.shape[:-2], context.shape[:-2]), H, S)).nbytes
-    monkeypatch.setattr(lean_module, "BLOCK_BYTES", rows_per_block * one_row)
+    monkeypatch.setattr(lean_module, "BLOCK_BYTES", 1)  # every head is "too big"
+    monkeypatch.setattr(lean_module, "MIN_ROWS", rows_per_block)
     out, weights = lean_forward(layer, x, context, mask)
     np.testing.assert_allclose(out, want_out, rtol=0, atol=1e-13)
     np.testing.assert_allclose(weights, want_weights, rtol=0, atol=1e-14)
