@@ -32,6 +32,7 @@ import psutil
 import pytest
 
 from mha_course.grading import sandbox
+from mha_course.grading.check import Checker
 from mha_course.grading.cli import main
 from mha_course.grading.run import RUN_MARK, stop_run
 from mha_course.grading.sandbox import Library, RunFolders, bwrap_command, kernel_spec
@@ -126,6 +127,15 @@ def test_the_library_snapshot_writes_sources_and_compiled_files_and_sees_changes
     assert library.changed(package) == []
     (package / "__init__.py").write_text("VALUE = 2\n")
     assert library.changed(package) == [str(package / "__init__.py")]
+
+
+def test_the_checker_hides_the_checkout_solutions_home_and_submissions(tmp_path):
+    solutions = ROOT / "tests" / "data" / "solutions"
+    checker = Checker.create(solutions, hidden=[tmp_path])
+    hidden = set(checker.isolation.hidden)
+    assert {ROOT, solutions, Path.home(), tmp_path} <= hidden | {Path.cwd()}
+    assert checker.isolation.library.files["mha_course/checks/harness.py"] == (
+        ROOT / "mha_course" / "checks" / "harness.py").read_bytes()
 
 
 def test_without_bwrap_the_reason_says_how_to_install_it(monkeypatch):

@@ -56,7 +56,7 @@ class Checker:
         """Snapshot the solutions, the package and the sanitize file; find the sandbox.
 
         ``hidden`` folders (the submissions) are hidden from the sandboxed kernel, as are the
-        course checkout and the solutions.
+        course checkout, the solutions and the home folder.
         """
         root = course_root()
         solutions_dir = Path(solutions_dir) if solutions_dir is not None else root / "solutions"
@@ -65,7 +65,8 @@ class Checker:
         solutions = load_solutions(solutions_dir)
         watched = {p: p.read_bytes() for p, _ in solutions.values()}
         bwrap, why = find_sandbox(sandbox)
-        hidden = tuple(dict.fromkeys([root, solutions_dir, PACKAGE_DIR.parent, *hidden]))
+        hidden = tuple(dict.fromkeys([root, solutions_dir, PACKAGE_DIR.parent, Path.home(),
+                                      *hidden]))
         isolation = Isolation(package_snapshot(str(PACKAGE_DIR)),
                               Path(sanitize).read_text(encoding="utf-8") if sanitize else None,
                               bwrap, hidden)
