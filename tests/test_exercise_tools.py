@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import csv
+import importlib.util
 import io
 import os
 import re
@@ -534,3 +535,27 @@ def test_make_check_ex_3_checks_lesson_03_without_makes_error_line():
     text = out.stdout + out.stderr
     assert "exercises/03_single_head_attention.ipynb (checked against" in text
     assert "Exercise 03.1  " in text and "make: ***" not in text and "Error 1" not in text
+
+
+def test_the_timing_class_has_thirty_learners_right_wrong_unanswered_one_hang_one_crash(tmp_path):
+    """tests/data/make_class.py builds the folder the issue's timing is measured on."""
+    spec = importlib.util.spec_from_file_location("make_class", ROOT / "tests" / "data" /
+                                                  "make_class.py")
+    make_class = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_class)
+    paths = make_class.make_class(tmp_path, 30)
+    assert len(paths) == 30
+    kinds = []
+    for path in paths:
+        for cell in nbformat.read(path, as_version=4).cells:
+            meta = info(cell)
+            if meta.get("role") != "solution":
+                continue
+            x, source = meta["exercise"], cell.source
+            kinds.append("right" if source == make_class.RIGHT[x] else
+                         "wrong" if source in make_class.WRONG[x] else
+                         "hang" if source == make_class.HANG else
+                         "crash" if source == make_class.CRASH else "stub")
+    counts = {k: kinds.count(k) for k in set(kinds)}
+    assert counts["hang"] == 1 and counts["crash"] == 1
+    assert counts["right"] > 80 and counts["wrong"] > 15 and counts["stub"] > 5, counts

@@ -207,6 +207,7 @@ def merge_learner(ref, learner, stubbed=()) -> Merged:
         if free:
             per_cell[ids[-1]] += free
         for i in ids:
+            per_cell[i].sort(key=lambda c: c.number)  # the learner's order
             real = [c for c in per_cell[i] if not is_stub(c.source, exercise)]
             chosen = real or per_cell[i][:1]
             if len(real) > 1:

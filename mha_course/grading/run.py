@@ -163,8 +163,11 @@ def run_nbval_once(nb, cell_timeout, isolation: Isolation, total_timeout=None):
             proc = subprocess.Popen(cmd, cwd=folders.run, env=env, stdin=subprocess.DEVNULL,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     pass_fds=(write_end,), start_new_session=True)
+        except BaseException:
+            os.close(read_end)
+            raise
         finally:
-            os.close(write_end)
+            os.close(write_end)  # pytest holds the only write end now
         report, output = bytearray(), bytearray()
         streams = [(os.fdopen(read_end, "rb"), report, None), (proc.stdout, output, OUTPUT_TAIL)]
         readers = [threading.Thread(target=_drain, args=a, daemon=True) for a in streams]

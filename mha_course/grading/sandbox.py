@@ -146,7 +146,8 @@ def find_sandbox(enabled: bool = True) -> tuple[str | None, str]:
         return None, ("bwrap (bubblewrap) is not installed; on Debian or Ubuntu: "
                       "apt-get install bubblewrap")
     try:
-        probe = subprocess.run(_base_args(bwrap) + ["--", sys.executable, "-c", "pass"],
+        probe = subprocess.run(_base_args(bwrap) + ["--tmpfs", "/tmp", "--remount-ro", "/tmp",
+                                                    "--", sys.executable, "-c", "pass"],
                                capture_output=True, timeout=60, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return None, f"bwrap cannot start a sandbox here ({exc})"
