@@ -517,8 +517,7 @@ def test_a_failed_check_in_a_notebook_shows_a_few_lines_not_the_checkers_traceba
     assert len(errors) == 1
     lines = [ANSI_CODE.sub("", line) for line in errors[0]["traceback"]]
     assert lines[:2] == ["Cell In[3], line 1", "----> 1 checks.check_causal_mask(causal_mask)"]
-    assert len(lines) == 3 and lines[2].startswith("CheckFailed: Exercise 03.3: your mask for "
-                                                   "T=4: not what the reference gives."), lines
+    assert len(lines) == 3 and lines[2].startswith("CheckFailed: Exercise 03.3: your mask"), lines
 
 
 def test_make_check_with_a_bad_lesson_lists_the_lessons_and_make_adds_no_error_line():

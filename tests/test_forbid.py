@@ -136,11 +136,17 @@ def matmul_from_the_package(a, b):
     return mha_course.naive.matmul(a, b)
 
 
+def matmul_in_the_other_loop_order(a, b):
+    return mha_course.naive.matmul_ijk(a, b)
+
+
 MATMUL = [
     (matmul_numpy_alias, LOOPS + "calls xp.asarray (numpy.asarray)"),
     (matmul_ufunc_in_loops, LOOPS + "calls np.multiply (numpy.multiply)"),
     (matmul_from_the_package, "Exercise 01.1 asks you to write the three loops yourself; your "
                               "answer calls mha_course.naive.matmul"),
+    (matmul_in_the_other_loop_order, "Exercise 01.1 asks you to write the three loops "
+                                     "yourself; your answer calls mha_course.naive.matmul_ijk"),
 ]
 
 

@@ -16,7 +16,7 @@ Used by ``exercises/NN_*.ipynb`` (the exercises for ``notebooks/01_matmul.ipynb`
    :class:`CheckFailed` whose message starts with ``Exercise NN.M: ``.
 
 An exercise that asks you to write something yourself names what it forbids (01.1: NumPy and
-``mha_course.naive.matmul``; 02.1 and 02.4: every library softmax; 02.3: ``log_softmax`` and
+``mha_course.naive``; 02.1 and 02.4: every library softmax; 02.3: ``log_softmax`` and
 ``logsumexp``; 03.2: ``scaled_dot_product_attention``; 03.3 and 03.4: the package's masks; 04.1
 and 04.2: ``split_heads`` and ``merge_heads``; 04.3: ``MultiHeadAttention.from_per_head``; 04.4:
 ``param_count``; 04.5: the layer; 04.6: calling the layer); an answer that calls one fails with

@@ -27,7 +27,7 @@ __all__ = [
 #: Exercise 01.1 is the lesson's first matmul: Python loops over lists, nothing else.
 _LOOPS_ONLY = {
     "numpy": "multiply with three Python loops, without NumPy",
-    "mha_course.naive.matmul": "write the three loops yourself",
+    "mha_course.naive": "write the three loops yourself",  # matmul, matmul_ijk, ...
 }
 
 
