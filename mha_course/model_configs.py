@@ -29,12 +29,14 @@ MODELS: dict[str, dict] = {
     "Llama 3 8B": {
         "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
         "num_key_value_heads": 8, "max_position_embeddings": 8192,
+        "intermediate_size": 14336, "vocab_size": 128256, "tie_word_embeddings": False,
         "source": "meta-llama/Meta-Llama-3-8B config.json (Llama 3.1 8B: the same attention, "
                   "max_position_embeddings 131072)",
     },
     "Llama 3 70B": {
         "num_hidden_layers": 80, "hidden_size": 8192, "num_attention_heads": 64,
         "num_key_value_heads": 8, "max_position_embeddings": 8192,
+        "intermediate_size": 28672, "vocab_size": 128256, "tie_word_embeddings": False,
         "source": "meta-llama/Meta-Llama-3-70B config.json (Llama 3.1 70B: the same attention, "
                   "max_position_embeddings 131072)",
     },
