@@ -16,8 +16,9 @@ Two ways to compute it, with the same output (:meth:`MultiHeadLatentAttention.fo
 - *naive*: rebuild every head's keys and values from the cached latents, then attend;
 - *absorbed*: ``q_i · (c W_uk_i) = (q_i W_uk_iᵀ) · c``, so ``W_uk`` folds into the query and
   each head attends straight over the latents (one shared key ``[c ; k_rope]``, like MQA); and
-  ``(weights_i c) W_uv_i W_o_i``, so ``W_uv`` folds into ``W_o``. Keys and values are never
-  rebuilt: this is how MLA decodes.
+  ``weights_i (c W_uv_i) = (weights_i c) W_uv_i``, so ``W_uv`` applies after the weighted sum,
+  to ``T`` rows instead of ``S`` (with precomputed weights it folds into ``W_o``). Keys and
+  values are never rebuilt: this is how MLA decodes.
 
 Why the RoPE part must be separate: a rotation between query and key depends on both
 positions, ``q R_mᵀ R_n W_ukᵀ c = q R_{n-m} W_ukᵀ c``, so a rotated ``c W_uk`` could not be
@@ -142,45 +143,50 @@ class MultiHeadLatentAttention:
         return {name: getattr(self, name) for name in names}
 
     # ------------------------------------------------------------------------ the pieces
-    def _project(self, x, positions):
-        """x (..., T, d_model) -> the queries' two parts, the latent and the RoPE key."""
-        dt = x.dtype
-        rope = {"base": self.rope_base, "layout": "half"}
-        c = x @ self.W_dkv.astype(dt)  # (..., T, d_model) -> (..., T, d_c)
-        k_rope = apply_rope(x @ self.W_kr.astype(dt), positions, **rope)  # (..., T, d_rope)
-        q_nope = split_heads(x @ self.W_q.astype(dt), self.h)  # (..., h, T, d_k)
-        q_rope = apply_rope(split_heads(x @ self.W_qr.astype(dt), self.h), positions,
-                            **rope)  # (..., h, T, d_rope)
-        return q_nope, q_rope, c, k_rope
+    def _weights(self, dtype) -> dict[str, np.ndarray]:
+        """The parameters in ``dtype`` (no copy when they already are: a float32 model)."""
+        return {name: p.astype(dtype, copy=False) for name, p in self.parameters().items()}
 
-    def _attend(self, q_nope, q_rope, c, k_rope, mask, absorbed):
-        """Attention of the h query heads over S latents, naive or absorbed; (out, weights)."""
+    def _project(self, x, positions):
+        """x (..., T, d_model) -> the queries' two parts, and what a token leaves in the cache:
+        ``[c ; k_rope]``, shape (..., T, d_c + d_rope)."""
+        W = self._weights(x.dtype)
+        rope = {"base": self.rope_base, "layout": "half"}
+        c = x @ W["W_dkv"]  # (..., T, d_model) -> (..., T, d_c)
+        k_rope = apply_rope(x @ W["W_kr"], positions, **rope)  # (..., T, d_rope)
+        q_nope = split_heads(x @ W["W_q"], self.h)  # (..., h, T, d_k)
+        q_rope = apply_rope(split_heads(x @ W["W_qr"], self.h), positions,
+                            **rope)  # (..., h, T, d_rope)
+        return q_nope, q_rope, np.concatenate([c, k_rope], axis=-1)  # (..., T, d_c + d_rope)
+
+    def _attend(self, q_nope, q_rope, entries, mask, absorbed):
+        """The h query heads over S cached entries ``[c ; k_rope]`` (..., S, d_c + d_rope),
+        naive or absorbed; returns (out, weights)."""
         h, d_c, d_k, d_v, d_rope = self.h, self.d_c, self.d_k, self.d_v, self.d_rope
-        dt = q_nope.dtype
+        W = self._weights(q_nope.dtype)
+        c, k_rope = entries[..., :d_c], entries[..., d_c:]  # (..., S, d_c), (..., S, d_rope)
         if not absorbed:
             # Rebuild every head's key and value from the latents.
-            k_nope = split_heads(c @ self.W_uk.astype(dt), h)  # (..., S, d_c) -> (..., h, S, d_k)
-            v = split_heads(c @ self.W_uv.astype(dt), h)  # (..., h, S, d_v)
+            k_nope = split_heads(c @ W["W_uk"], h)  # (..., S, d_c) -> (..., h, S, d_k)
+            v = split_heads(c @ W["W_uv"], h)  # (..., h, S, d_v)
             # (..., S, d_rope) -> (..., h, S, d_rope): the one RoPE key serves every head
             k_rope = np.broadcast_to(k_rope[..., None, :, :], (*k_nope.shape[:-1], d_rope))
             q = np.concatenate([q_nope, q_rope], axis=-1)  # (..., h, T, d_k + d_rope)
             k = np.concatenate([k_nope, k_rope], axis=-1)  # (..., h, S, d_k + d_rope)
             heads, weights = scaled_dot_product_attention(q, k, v, mask)  # (..., h, T, d_v)
-            return merge_heads(heads) @ self.W_o.astype(dt), weights  # (..., T, d_model)
-        # Absorbed: fold W_uk into the queries, attend over the latents, fold W_uv into W_o.
-        W_uk = self.W_uk.astype(dt).reshape(d_c, h, d_k).transpose(1, 2, 0)  # (h, d_k, d_c)
+            return merge_heads(heads) @ W["W_o"], weights  # (..., T, d_model)
+        # Absorbed: fold W_uk into the queries, attend over the latents, then W_uv and W_o.
+        W_uk = W["W_uk"].reshape(d_c, h, d_k).transpose(1, 2, 0)  # (h, d_k, d_c)
         q_latent = q_nope @ W_uk  # (..., h, T, d_k) @ (h, d_k, d_c) -> (..., h, T, d_c)
         # scaled_dot_product_attention divides by sqrt(d_c + d_rope), the width it sees; the
         # scores must be those of the naive form, scaled by 1/sqrt(d_k + d_rope).
         rescale = math.sqrt((d_c + d_rope) / (d_k + d_rope))
         q = np.concatenate([q_latent, q_rope], axis=-1) * rescale  # (..., h, T, d_c + d_rope)
-        key = np.concatenate([c, k_rope], axis=-1)[..., None, :, :]  # (..., 1, S, d_c + d_rope)
-        latent_heads, weights = scaled_dot_product_attention(
-            q, key, c[..., None, :, :], mask)  # (..., h, T, d_c): each head averages latents
-        W_uv = self.W_uv.astype(dt).reshape(d_c, h, d_v).transpose(1, 0, 2)  # (h, d_c, d_v)
-        W_ov = W_uv @ self.W_o.astype(dt).reshape(h, d_v, self.d_model)  # (h, d_c, d_model)
-        # (..., T, h*d_c) @ (h*d_c, d_model): the sum over heads of head_i W_uv_i W_o_i
-        return merge_heads(latent_heads) @ W_ov.reshape(h * d_c, self.d_model), weights
+        latent_heads, weights = scaled_dot_product_attention(  # one key [c ; k_rope] for all
+            q, entries[..., None, :, :], c[..., None, :, :], mask)  # -> (..., h, T, d_c)
+        W_uv = W["W_uv"].reshape(d_c, h, d_v).transpose(1, 0, 2)  # (h, d_c, d_v)
+        heads = latent_heads @ W_uv  # (..., h, T, d_c) @ (h, d_c, d_v): T rows, not S
+        return merge_heads(heads) @ W["W_o"], weights  # (..., T, d_model)
 
     def _validate_x(self, func, x):
         x = as_float_array(func, "x", x)
@@ -198,8 +204,9 @@ class MultiHeadLatentAttention:
         mask : ndarray of bool, broadcastable to (..., T, T), optional
             ``True`` = may attend; the same for every head.
         absorbed : bool, default False
-            Attend in the latent space with ``W_uk`` folded into the queries and ``W_uv`` into
-            ``W_o``, instead of rebuilding every head's keys and values. Same output.
+            Attend in the latent space, ``W_uk`` folded into the queries and ``W_uv`` applied
+            to each head's weighted latent (T rows, not S), instead of rebuilding every head's
+            keys and values. Same output.
 
         Returns
         -------
@@ -224,8 +231,8 @@ class MultiHeadLatentAttention:
         m = validate_mask(func, mask, target, f"(..., T, T) = {target}")
         if m is not None:
             m = m[..., None, :, :]  # (..., T, S) -> (..., 1, T, S): every head
-        q_nope, q_rope, c, k_rope = self._project(x, np.arange(T))
-        return self._attend(q_nope, q_rope, c, k_rope, m, absorbed)
+        q_nope, q_rope, entries = self._project(x, np.arange(T))
+        return self._attend(q_nope, q_rope, entries, m, absorbed)
 
     __call__ = forward
 
@@ -288,9 +295,9 @@ class MultiHeadLatentAttention:
                              f"with ... = {fmt_shape(cache.batch_shape)} (from the cache), "
                              f"d_model={self.d_model} (from the layer)")
         cache.require_room(1, func)  # before anything is stored
-        q_nope, q_rope, c, k_rope = self._project(x_t, np.array([cache.tokens_seen]))
-        cache.append(c, k_rope)
-        return self._attend(q_nope, q_rope, cache.latent, cache.rope_keys, None, absorbed)
+        q_nope, q_rope, entry = self._project(x_t, np.array([cache.tokens_seen]))
+        cache.append(entry[..., : self.d_c], entry[..., self.d_c :])
+        return self._attend(q_nope, q_rope, cache.entries, None, absorbed)
 
     def __repr__(self) -> str:
         return (f"MultiHeadLatentAttention(d_model={self.d_model}, h={self.h}, d_c={self.d_c}, "
@@ -354,6 +361,12 @@ class LatentCache:
         view = self._buf[..., : self.tokens_seen, start:stop]
         view.flags.writeable = False
         return view
+
+    @property
+    def entries(self) -> np.ndarray:
+        """Read-only view of the cached ``[c ; k_rope]``, shape (..., len, d_c + d_rope): the
+        one key every head attends over in the absorbed form."""
+        return self._view(0, self.values_per_token)
 
     @property
     def latent(self) -> np.ndarray:
