@@ -209,8 +209,8 @@ def summary_line(summary) -> str:
 
     Examples
     --------
-    >>> summary_line(draw_cache_memory(32, 8, 128, seq_len=8192)[1])[:62]
-    'your setting: 1.00 GiB (128.0 KiB/token) at 8,192 tokens × ba'
+    >>> summary_line(draw_cache_memory(32, 8, 128, seq_len=8192)[1]).split(" | ")[:2]
+    ['your setting: 1.00 GiB (128.0 KiB/token) at 8,192 tokens × batch 1, bf16', 'bars drawn: 7']
     """
     sizes = summary["bytes"]
     mine = sizes[SETTING]
@@ -267,8 +267,8 @@ def cache_memory_widget(preset_name="Llama 3 8B"):
         "n_layers": slider("layers", start["n_layers"], 1, 128),
         "n_kv_heads": slider("K/V heads", start["n_kv_heads"], 1, 128),
         "head_dim": slider("head dim", start["head_dim"], 16, 256, 16),
-        "mla": widgets.ToggleButtons(options=[("K and V per head", False), ("MLA latent", True)],
-                                     value=start["mla"], style={"button_width": "130px"}),
+        "mla": widgets.ToggleButtons(options=[("K, V per head", False), ("MLA latent", True)],
+                                     value=start["mla"], style={"button_width": "120px"}),
         "d_c": slider("d_c (MLA)", start["d_c"], 64, 1024, 64),
         "d_rope": slider("d_rope", start["d_rope"], 16, 128, 16),
         "seq_len": widgets.SelectionSlider(
@@ -277,8 +277,9 @@ def cache_memory_widget(preset_name="Llama 3 8B"):
         "batch": slider("batch", 1, 1, 64),
         "dtype": widgets.ToggleButtons(options=list(DTYPES), value="bf16",
                                        style={"button_width": "60px"}),
-        "window": widgets.Dropdown(options=[("none", None), ("128", 128), ("1024", 1024),
-                                            ("4096", 4096)], value=start["window"],
+        # 0 stands for "no window" (a Dropdown shows None as an empty box)
+        "window": widgets.Dropdown(options=[("none", 0), ("128", 128), ("1024", 1024),
+                                            ("4096", 4096)], value=start["window"] or 0,
                                    description="window", style=style, layout=layout),
         "windowed": widgets.Dropdown(options=list(WINDOWED), value=start["windowed"],
                                      description="windowed", style=style, layout=layout),
@@ -291,11 +292,12 @@ def cache_memory_widget(preset_name="Llama 3 8B"):
         mla = c["mla"].value
         c["n_kv_heads"].disabled = c["head_dim"].disabled = mla
         c["d_c"].disabled = c["d_rope"].disabled = not mla
-        c["windowed"].disabled = c["window"].value is None
+        c["windowed"].disabled = not c["window"].value
 
     def redraw(change=None):
         sync_enabled()
         values = {k: c[k].value for k in (*keys, "seq_len", "batch", "dtype")}
+        values["window"] = values["window"] or None
         fig, summary = draw_cache_memory(**values)
         out.outputs = _outputs(summary, figure_png(fig))  # one update: no flicker
 
@@ -313,7 +315,7 @@ def cache_memory_widget(preset_name="Llama 3 8B"):
             return
         state["loading"] = True  # set every control, then draw once
         for key, value in preset(change["new"]).items():
-            c[key].value = value
+            c[key].value = (value or 0) if key == "window" else value
         state["loading"] = False
         redraw()
 

@@ -146,9 +146,12 @@ def test_choosing_a_preset_loads_its_configuration():
     assert "(67.5 KiB/token)" in text(out)
     c["preset"].value = "gpt-oss-120b"
     assert (c["window"].value, c["windowed"].value) == (128, "every other layer")
+    assert not c["windowed"].disabled
     assert c["preset"].value == "gpt-oss-120b"
     summary = draw_cache_memory(**preset("gpt-oss-120b"), seq_len=8192)[1]
     assert text(out).startswith(summary_line(summary).split(" | ")[0])
+    c["preset"].value = "Llama 3 8B"  # no window: the dropdown says so, "windowed" is off
+    assert c["window"].value == 0 and c["window"].label == "none" and c["windowed"].disabled
 
 
 def test_dtype_and_batch_scale_the_setting():
