@@ -182,11 +182,11 @@ def run_mla(n: int, rng) -> dict:
         print(f"  {name:<14} {values:>12} {n_bytes:>12} {n_bytes / mha_bytes:>6.3f} "
               f"{t / n * 1e3:>7.3f} ms {t / mha_time:>6.2f}")
     print("  MLA's cache: d_c + d_rope values a token for all heads, like GQA with "
-          f"{(MLA_D_C + MLA_D_ROPE) / (2 * d_k):.2f} groups.\n  The naive form rebuilds every "
-          "head's keys and values from all cached latents at each step\n"
-          "  (O(n·d_c·h·(d_k + d_v))); the\n"
-          "  absorbed form attends in the latent space (O(n·h·(2·d_c + d_rope))). At this small\n"
-          "  width a step is mostly fixed overhead, so times differ less than bytes.")
+          f"{(MLA_D_C + MLA_D_ROPE) / (2 * d_k):.2f} groups.\n"
+          "  The naive form rebuilds every head's keys and values from all cached latents at\n"
+          "  each step (O(n·d_c·h·(d_k + d_v))); the absorbed form attends in the latent space\n"
+          "  (O(n·h·(2·d_c + d_rope))). At this small width a step is mostly fixed overhead, so\n"
+          "  times differ less than bytes.")
     return {"mla_bytes": rows["MLA absorbed"][1], "gqa2_bytes": rows["GQA (g=2)"][1],
             "absorbed": times["MLA absorbed"], "naive": times["MLA naive"]}
 
