@@ -12,12 +12,13 @@ from .attention import (
     sliding_window_mask,
 )
 from .backward import gradient_check
+from .block import dropout, layer_norm, residual
 from .cost import attention_flops, kv_cache_bytes, mla_cache_bytes, param_count
 from .heads import merge_heads, split_heads
 from .kv_cache import KVCache
 from .mla import LatentCache, MultiHeadLatentAttention
 from .multihead import MultiHeadAttention
-from .positions import apply_rope, sinusoidal_positions
+from .positions import apply_rope, rope_permutation, sinusoidal_positions
 from .softmax import log_softmax, logsumexp, softmax
 from .tiled import tiled_attention
 
@@ -29,14 +30,18 @@ __all__ = [
     "apply_rope",
     "attention_flops",
     "causal_mask",
+    "dropout",
     "gradient_check",
     "kv_cache_bytes",
+    "layer_norm",
     "log_softmax",
     "logsumexp",
     "merge_heads",
     "mla_cache_bytes",
     "padding_mask",
     "param_count",
+    "residual",
+    "rope_permutation",
     "scaled_dot_product_attention",
     "sinusoidal_positions",
     "sliding_window_mask",

@@ -1,6 +1,6 @@
 """The checks of lesson 06's exercises: each passes the solution, lets the stub through, and
 names each classic mistake. (``tests/test_checks.py`` runs its generic tests, pass / stub /
-None / exception, over :data:`CORRECT` too.)"""
+None / exception, over :data:`CORRECT_06` too.)"""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def _chunk_attention(q, k, v, mask=None):
     return mha_course.scaled_dot_product_attention(q, k, v, mask=mask)
 
 
-CORRECT = {
+CORRECT_06 = {
     "06.1": ("check_cache_bytes", _cache_bytes_of),
     "06.2": ("check_decode_with_cache", _decode),
     "06.3": ("check_repeat_kv", lambda k, n_rep: np.repeat(k, n_rep, axis=1)),
@@ -66,9 +66,9 @@ CORRECT = {
 }
 
 
-@pytest.mark.parametrize("ex", sorted(CORRECT))
+@pytest.mark.parametrize("ex", sorted(CORRECT_06))
 def test_check_passes_the_solution(ex, capsys):
-    name, fn = CORRECT[ex]
+    name, fn = CORRECT_06[ex]
     getattr(checks, name)(fn)
     assert capsys.readouterr().out.startswith(f"Exercise {ex} passed: ")
 
