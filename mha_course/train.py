@@ -135,8 +135,9 @@ class History:
     seconds: float = field(default=0.0)
 
 
-def train(model, task="mixed", steps=400, *, batch_size=64, lr=1e-2, seed=0, n_min=3, n_max=8,
-          eval_every=25, eval_size=256, progress=True, blas_threads=1) -> History:
+def train(model, task="mixed", steps=400, *, batch_size=64, lr=1e-2, cooldown=0.2, seed=0,
+          n_min=3, n_max=8, eval_every=25, eval_size=256, progress=True,
+          blas_threads=1) -> History:
     """Train ``model`` with Adam on fresh batches of ``task``; return the loss and accuracy.
 
     Parameters
@@ -147,8 +148,10 @@ def train(model, task="mixed", steps=400, *, batch_size=64, lr=1e-2, seed=0, n_m
     steps : int, default 400
     batch_size : int, default 64
     lr : float, default 1e-2
-        The learning rate of the first step; it falls linearly to 0 at the last one, which
-        lets the weights settle instead of jittering at the end.
+        The learning rate, constant until the last ``cooldown`` fraction of the steps, then
+        falling linearly to 0 (a "cool-down", as in warmup-stable-decay schedules): the
+        weights settle instead of jittering at the end.
+    cooldown : float, default 0.2
     seed : int, default 0
         Seed of the training batches (the held-out batch uses ``seed + 1``; the model's own
         seed is separate).
@@ -185,6 +188,8 @@ def train(model, task="mixed", steps=400, *, batch_size=64, lr=1e-2, seed=0, n_m
                          f"model's position table holds max_len={model.max_len}")
     if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
         raise fail(func, f"lr={lr!r} must be a positive number")
+    if not (isinstance(cooldown, (int, float)) and 0 <= cooldown <= 1):
+        raise fail(func, f"cooldown={cooldown!r} must be a fraction of the steps, 0 to 1")
     rng = np.random.default_rng(seed)
     held_out = make_batch(task, eval_size, seed + 1, n_min=n_min, n_max=n_max)
     optimiser = Adam(model.parameters(), lr=lr)
@@ -197,7 +202,7 @@ def train(model, task="mixed", steps=400, *, batch_size=64, lr=1e-2, seed=0, n_m
     start = time.perf_counter()
     with threadpool_limits(limits=blas_threads, user_api="blas"):
         for step in bar:
-            optimiser.lr = lr * (1 - step / steps)  # linear decay to 0
+            optimiser.lr = lr * min(1.0, (steps - step) / (cooldown * steps + 1e-12))
             batch = make_batch(task, batch_size, rng, n_min=n_min, n_max=n_max)
             logits, cache = model.forward(batch.tokens, return_cache=True)
             loss, dlogits = cross_entropy(logits, batch.targets, batch.weights)
