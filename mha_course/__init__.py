@@ -6,31 +6,37 @@ equals the function here, and import it from then on. The README has a map of th
 """
 
 from .attention import causal_mask, padding_mask, scaled_dot_product_attention
-from .backward import gradient_check
+from .backward import attention_backward, gradient_check, softmax_jacobian
 from .cost import attention_flops, kv_cache_bytes, param_count
 from .heads import merge_heads, split_heads
 from .kv_cache import KVCache
 from .multihead import MultiHeadAttention
 from .positions import apply_rope, sinusoidal_positions
 from .softmax import log_softmax, logsumexp, softmax
+from .tasks import make_batch
 from .tiled import tiled_attention
+from .tiny_model import TinyTransformer
 
 __all__ = [
     "KVCache",
     "MultiHeadAttention",
+    "TinyTransformer",
     "apply_rope",
+    "attention_backward",
     "attention_flops",
     "causal_mask",
     "gradient_check",
     "kv_cache_bytes",
     "log_softmax",
     "logsumexp",
+    "make_batch",
     "merge_heads",
     "padding_mask",
     "param_count",
     "scaled_dot_product_attention",
     "sinusoidal_positions",
     "softmax",
+    "softmax_jacobian",
     "split_heads",
     "tiled_attention",
 ]
