@@ -1,15 +1,13 @@
-"""Lesson 08's exercise checks: they pass right answers, fail stubs, and name each mistake.
+"""Lesson 08's exercise checks name each classic mistake.
 
-The same contract as ``tests/test_checks.py`` (which covers lessons 01-04), for the checks in
-``mha_course/checks/lesson08.py``: each passes a correct answer with one stable line, lets the
-stub's ``NotImplementedError`` through, fails ``None`` and quotes an unexpected exception, and
-names the likely mistake of each classic wrong answer.
+The generic contract (a right answer passes with one stable line, the stub's
+``NotImplementedError`` passes through, ``None`` and an unexpected exception fail) is tested by
+``tests/test_checks.py``, which takes lesson 08's right answers from :data:`CORRECT_08` here.
 """
 
 from __future__ import annotations
 
 import math
-import re
 
 import numpy as np
 import pytest
@@ -78,7 +76,7 @@ def _previous_token_score(weights):
     return np.diagonal(weights, offset=-1, axis1=1, axis2=2).mean(axis=-1)
 
 
-CORRECT = {
+CORRECT_08 = {
     "08.1": ("check_softmax_jacobian", _jacobian),
     "08.2": ("check_attention_grads", _attention_grads),
     "08.3": ("check_find_bug", _find_bug),
@@ -91,47 +89,9 @@ def _check(name):
     return getattr(checks, name)
 
 
-def test_every_lesson08_check_is_tested_here():
-    assert set(lesson08.__all__) == {name for name, _ in CORRECT.values()}
+def test_every_lesson08_check_has_a_right_answer_here():
+    assert set(lesson08.__all__) == {name for name, _ in CORRECT_08.values()}
     assert set(lesson08.__all__) <= set(checks.__all__)
-
-
-@pytest.mark.parametrize("ex", sorted(CORRECT))
-def test_check_passes_a_correct_answer_with_one_stable_line(ex, capsys):
-    name, fn = CORRECT[ex]
-    assert _check(name)(fn) is None
-    first = capsys.readouterr()
-    assert first.err == "" and first.out.count("\n") == 1
-    assert first.out.startswith(f"Exercise {ex} passed: ")
-    assert not re.search(r"\d\.\d{5,}", first.out)
-    _check(name)(fn)
-    assert capsys.readouterr().out == first.out
-
-
-@pytest.mark.parametrize("ex", sorted(CORRECT))
-def test_check_lets_the_stub_error_through(ex, capsys):
-    name, _ = CORRECT[ex]
-
-    def stub(*args, **kwargs):
-        raise NotImplementedError(f"Exercise {ex}: the one-line task")
-
-    with pytest.raises(NotImplementedError, match=rf"^Exercise {ex}: the one-line task$"):
-        _check(name)(stub)
-    assert capsys.readouterr().out == ""
-
-
-@pytest.mark.parametrize("ex", sorted(CORRECT))
-def test_check_fails_none_and_quotes_an_exception(ex, capsys):
-    name, _ = CORRECT[ex]
-    with pytest.raises(CheckFailed, match=rf"^Exercise {ex}: "):
-        _check(name)(lambda *a, **k: None)
-
-    def broken(*args, **kwargs):
-        raise KeyError("oops")
-
-    with pytest.raises(CheckFailed, match=rf"^Exercise {ex}: .*raised KeyError"):
-        _check(name)(broken)
-    assert capsys.readouterr().out == ""
 
 
 def _outer_jacobian(p):  # np.outer flattens a batch
