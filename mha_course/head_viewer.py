@@ -21,6 +21,7 @@ Three layers, so each can be tested on its own:
 
 from __future__ import annotations
 
+import html
 import io
 
 import numpy as np
@@ -353,12 +354,18 @@ def head_viewer(model, batch, vocab=VOCAB):
     head_toggles = {}
     for i in range(n_layers):
         for j in range(h):
-            button = widgets.ToggleButton(value=True, description=head_label(i, j),
-                                          layout=widgets.Layout(width="64px"))
-            button.style.button_color = head_color(i, j, h)
+            # the square and the name in the head's colour (a pressed toggle's own grey
+            # background would hide a button colour)
+            button = widgets.ToggleButton(value=True, description=f"■ {head_label(i, j)}",
+                                          tooltip=f"show or hide head {head_label(i, j)}",
+                                          layout=widgets.Layout(width="78px"))
+            button.style.text_color = head_color(i, j, h)
+            button.style.font_weight = "bold"
             head_toggles[i, j] = button
-    summary = widgets.HTML(layout=widgets.Layout(height="40px", overflow="hidden"))
     width, height = (int(FIGSIZE[0] * WIDGET_DPI), int(FIGSIZE[1] * WIDGET_DPI))
+    # up to three lines of summary, as wide as the picture: the widget keeps its size
+    summary = widgets.HTML(layout=widgets.Layout(width=f"{width}px", height="54px",
+                                                 overflow="hidden"))
     image = widgets.Image(format="png", layout=widgets.Layout(width=f"{width}px",
                                                               height=f"{height}px"))
 
@@ -377,7 +384,8 @@ def head_viewer(model, batch, vocab=VOCAB):
             layers=[i for i, t in enumerate(layer_toggles) if t.value],
             heads=[key for key, t in head_toggles.items() if t.value],
             token=chosen)
-        summary.value = f"<code>{summary_line(info)}</code>"
+        summary.value = ("<div style='font-family: monospace; font-size: 12px; "
+                         f"line-height: 1.4'>{html.escape(summary_line(info))}</div>")
         image.value = png
 
     def on_example(change):

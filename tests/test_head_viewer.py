@@ -108,11 +108,13 @@ def test_widget_toggles_and_menus_redraw_the_summary_and_the_picture():
     menus, toggles, summary, image = box.children
     example, token = menus.children
     layer_buttons = [c for c in toggles.children if "layer" in getattr(c, "description", "")]
-    head_buttons = {c.description: c for c in toggles.children
-                    if getattr(c, "description", "").startswith("L")}
+    head_buttons = {c.description.removeprefix("■ "): c for c in toggles.children
+                    if getattr(c, "description", "").startswith("■")}
     assert list(head_buttons) == ["L0H0", "L0H1", "L1H0", "L1H1"]
-    assert len({b.style.button_color for b in head_buttons.values()}) == 4
+    assert [b.style.text_color for b in head_buttons.values()] == [
+        head_color(i, j, h=2) for i in range(2) for j in range(2)]
     assert image.layout.width == f"{int(FIGSIZE[0] * WIDGET_DPI)}px"
+    assert summary.layout.width == image.layout.width
     assert "heads L0H0 L0H1 L1H0 L1H1 | every token" in summary.value
     first = image.value
 
