@@ -40,5 +40,6 @@ from .lesson01 import *  # noqa: F403
 from .lesson02 import *  # noqa: F403
 from .lesson03 import *  # noqa: F403
 from .lesson04 import *  # noqa: F403
+from .lesson07 import *  # noqa: F403
 
 __all__ = ["CheckFailed", *sorted(name for name in dir() if name.startswith("check_"))]
