@@ -139,10 +139,10 @@ def draw_tile_step(step: int = 0, *, block_size: int = 3, causal: bool = False,
     """Draw the state of tiled attention after tile number ``step`` (0-based) of the example.
 
     Left: the (T, S) scores as tiles (visited in colour, the current one outlined, the ones
-    still to come faded, the ones ``causal`` skips hatched). Middle: for each query of the
-    current block, the running max ``m`` and sum ``l`` after this tile, and their final values.
-    Right: for each query of the block, the largest difference between the output so far,
-    ``acc / l``, and the final output: it drops to 0 once the block's last tile is done.
+    still to come in light grey, the ones ``causal`` skips in dark grey). Middle: for each query
+    of the current block, the largest difference between the output so far, ``acc / l``, and
+    the final output: it drops to 0 once the block's last tile is done. Right: for each query
+    of the block, the running max ``m`` and sum ``l`` after this tile, and their final values.
 
     Parameters
     ----------
@@ -182,41 +182,60 @@ def draw_tile_step(step: int = 0, *, block_size: int = 3, causal: bool = False,
     done = {(st["queries"][0] // block, st["keys"][0] // block) for st in states[: step + 1]}
 
     fig = Figure(figsize=FIGSIZE)
-    ax_map = fig.add_axes([0.04, 0.12, 0.3, 0.72])
-    ax_txt = fig.add_axes([0.425, 0.12, 0.32, 0.72])
-    ax_err = fig.add_axes([0.79, 0.12, 0.195, 0.72])
+    ax_map = fig.add_axes([0.045, 0.12, 0.3, 0.72])
+    ax_err = fig.add_axes([0.445, 0.12, 0.15, 0.72])
+    ax_txt = fig.add_axes([0.63, 0.12, 0.36, 0.72])
 
-    # Left: the tiles.
+    # Left: the scores, with the tiles' state as an overlay image (one artist, fast to redraw):
+    # dark grey = skipped, light grey = still to come, clear = done; the current tile outlined.
     scores = run["scores"]
     lim = float(np.abs(scores).max())
-    shown = np.where(run["allowed"], scores, np.nan)
-    img = ax_map.imshow(shown, cmap="coolwarm", vmin=-lim, vmax=lim, interpolation="nearest")
-    fig.colorbar(img, cax=fig.add_axes([0.345, 0.12, 0.008, 0.72]), label="score")
+    img = ax_map.imshow(np.where(run["allowed"], scores, np.nan), cmap="coolwarm", vmin=-lim,
+                        vmax=lim, interpolation="nearest")
+    fig.colorbar(img, cax=fig.add_axes([0.352, 0.12, 0.008, 0.72]), label="score")
+    overlay = np.zeros((T, T, 4))  # RGBA, transparent
     for i in range(n_blocks):
         for j in range(n_blocks):
-            r0, c0 = i * block, j * block
-            h, w = min(block, T - r0), min(block, T - c0)
-            if (i, j) not in visited:  # skipped: never computed
-                ax_map.add_patch(Rectangle((c0 - 0.5, r0 - 0.5), w, h, facecolor="0.85",
-                                           edgecolor="0.5", hatch="///", lw=0.5))
-            elif (i, j) not in done:  # still to come: faded
-                ax_map.add_patch(Rectangle((c0 - 0.5, r0 - 0.5), w, h, facecolor="white",
-                                           alpha=0.75, edgecolor="0.6", lw=0.5))
-            else:
-                ax_map.add_patch(Rectangle((c0 - 0.5, r0 - 0.5), w, h, fill=False,
-                                           edgecolor="0.4", lw=0.5))
+            rows, cols = slice(i * block, (i + 1) * block), slice(j * block, (j + 1) * block)
+            if (i, j) not in visited:
+                overlay[rows, cols] = (0.45, 0.45, 0.45, 1.0)  # skipped: never computed
+            elif (i, j) not in done:
+                overlay[rows, cols] = (0.86, 0.86, 0.86, 0.92)  # still to come
+    ax_map.imshow(overlay, interpolation="nearest")
+    edges = np.arange(0, T + 1, block) - 0.5
+    ax_map.vlines(edges, -0.5, T - 0.5, color="0.3", lw=0.6)
+    ax_map.hlines(edges, -0.5, T - 0.5, color="0.3", lw=0.6)
     ax_map.add_patch(Rectangle((s0 - 0.5, t0 - 0.5), s1 - s0, t1 - t0, fill=False,
                                edgecolor="black", lw=2.5))
+    ax_map.set_xlim(-0.5, T - 0.5)
+    ax_map.set_ylim(T - 0.5, -0.5)
     ax_map.set_xticks(range(T))
     ax_map.set_yticks(range(T))
     ax_map.tick_params(labelsize=7)
     ax_map.set_xlabel("key s")
     ax_map.set_ylabel("query t")
+    # Titles at a fixed height skip matplotlib's per-axes title placement (a costly step).
     ax_map.set_title(f"scores, tile {step + 1} of {n_steps} (outlined)\n"
-                     f"hatched: skipped ({summary['skipped']}), faded: to come, white: masked",
-                     fontsize=9)
+                     f"dark grey: skipped ({summary['skipped']}), light grey: to come, "
+                     "white: masked",
+                     fontsize=9, y=1.0, pad=4)
 
-    # Middle: m and l per query of the block.
+    # Middle: distance of acc / l from the final output, one bar per query row, on one x scale
+    # for every step of this walk, so the bars can be compared between steps.
+    top = 1.1 * max(float(np.abs(st["acc"] / st["l"][:, None]
+                                 - run["reference"][slice(*st["queries"])]).max())
+                    for st in states) + 1e-3
+    ax_err.barh(np.arange(t0, t1), summary["error"], color="tab:purple", height=0.6)
+    ax_err.axhspan(t0 - 0.5, t1 - 0.5, color="0.92", zorder=0)
+    ax_err.set_ylim(T - 0.5, -0.5)
+    ax_err.set_xlim(0, top)
+    ax_err.set_yticks(range(T))
+    ax_err.tick_params(labelsize=7)
+    ax_err.set_xlabel("max |acc / l - final output|", fontsize=8)
+    ax_err.set_title("output so far vs final\n(current block of queries)", fontsize=9, y=1.0,
+                     pad=4)
+
+    # Right: m and l per query of the block.
     ax_txt.axis("off")
     lines = [f"after tile {step + 1}: queries {t0}-{t1 - 1}, keys {s0}-{s1 - 1}", "",
              f"{'query':>5} {'m':>7} {'final m':>8} {'l':>7} {'final l':>8}"]
@@ -228,21 +247,7 @@ def draw_tile_step(step: int = 0, *, block_size: int = 3, causal: bool = False,
               else "block not done: more key tiles to come"]
     ax_txt.text(0.0, 1.0, "\n".join(lines), family="monospace", fontsize=9, va="top",
                 transform=ax_txt.transAxes)
-    ax_txt.set_title("running max and sum of the block's queries", fontsize=9)
-
-    # Right: distance of acc / l from the final output, on one y scale for every step of this
-    # walk, so the bars can be compared between steps.
-    top = 1.1 * max(float(np.abs(st["acc"] / st["l"][:, None]
-                                 - run["reference"][slice(*st["queries"])]).max())
-                    for st in states) + 1e-3
-    ax_err.bar(np.arange(t0, t1), summary["error"], color="tab:purple", width=0.6)
-    ax_err.set_xlim(-0.5, T - 0.5)
-    ax_err.set_ylim(0, top)
-    ax_err.set_xticks(range(T))
-    ax_err.tick_params(labelsize=7)
-    ax_err.set_xlabel("query t (current block only)")
-    ax_err.set_ylabel("max |acc/l - final output|")
-    ax_err.set_title("output so far vs final output", fontsize=9)
+    ax_txt.set_title("running max and sum of the block's queries", fontsize=9, y=1.0, pad=4)
     fig.suptitle(f"tiled attention on {T} positions, block_size={block}"
                  f"{', causal' if causal else ''}", fontsize=11)
     return fig, summary

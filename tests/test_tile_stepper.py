@@ -72,8 +72,8 @@ def test_the_figure_has_the_three_panels_and_outlines_the_current_tile():
     fig, s = draw_tile_step(2, block_size=4, causal=False)
     titles = [ax.get_title() for ax in fig.axes]
     assert "scores, tile 3 of 9 (outlined)" in titles[0]
-    assert titles[1] == "running max and sum of the block's queries"
-    assert titles[2] == "output so far vs final output"
+    assert titles[1] == "output so far vs final\n(current block of queries)"
+    assert titles[2] == "running max and sum of the block's queries"
     thick = [p for p in fig.axes[0].patches if p.get_linewidth() > 2]
     assert len(thick) == 1
     assert (thick[0].get_x(), thick[0].get_y()) == (8 - 0.5, 0 - 0.5)  # keys 8.., queries 0..
