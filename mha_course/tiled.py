@@ -181,7 +181,7 @@ def tiled_attention(q, k, v, *, mask=None, causal=False, block_size=256, return_
                 # new max: l = alpha·l and acc = alpha·acc, both in the one array.
                 acc *= np.exp2(m_run - shift)
                 m_run = m_new
-            p = np.exp2(scores, out=scores)  # p_s = exp(x_s - m), in place
+            p = np.exp2(scores, out=scores)  # p_s = 2^(y_s - m2) = exp(x_s - m), in place
             # acc += [Σ_s p_s v_s | Σ_s p_s]: (..., t1-t0, s1-s0) @ (..., s1-s0, d_v + 1)
             acc += p @ v1[..., s0:s1, :]
             if on_tile is not None:
@@ -189,10 +189,10 @@ def tiled_attention(q, k, v, *, mask=None, causal=False, block_size=256, return_
 
         # out_t = acc / l. A query that saw no allowed key has l = 0 and acc = 0: output 0.
         l_run = acc[..., d_v:]  # (..., t1-t0, 1)
-        if lse is not None:  # lse = m + log l, in natural units; log 0 = -inf (nothing seen)
-            m_nat = np.where(m_run == -np.inf, 0.0, m_run)
+        if lse is not None:  # lse = m + log l = (m2 + log2 l)·ln 2; log 0 = -inf: nothing seen
+            m2 = np.where(m_run == -np.inf, 0.0, m_run)  # base 2; 0 where no key was allowed
             with np.errstate(divide="ignore"):
-                lse[..., t0:t1] = ((m_nat + np.log2(l_run)) * LN2)[..., 0]
+                lse[..., t0:t1] = ((m2 + np.log2(l_run)) * LN2)[..., 0]
         l_run[l_run == 0] = 1.0
         out[..., t0:t1, :] = acc[..., :d_v] / l_run
     return (out, lse) if return_lse else out
