@@ -58,8 +58,9 @@ def tiled_attention(q, k, v, *, mask=None, causal=False, block_size=256, return_
     (every key in the future of every query) is skipped, not computed and masked: for T = S
     about half the tiles are never visited.
 
-    Three measured savings on the passes that are not matrix products (``benchmarks/tiled.py``;
-    each gives the same result up to rounding):
+    Three savings on the passes that are not matrix products, each giving the same result up
+    to rounding (lesson 07 times them against the plain loop; ``benchmarks/tiled.py`` against
+    torch, with the time of the tiles' matrix products alone as the floor):
 
     1. **No running max when it cannot matter.** By Cauchy-Schwarz every score obeys
        ``|x_s| <= max_t |q_t| · max_s |k_s| / √d_k``; when that bound is small enough that no
