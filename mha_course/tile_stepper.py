@@ -229,7 +229,7 @@ def draw_tile_step(step: int = 0, *, block_size: int = 3, causal: bool = False,
     ax_err.axhspan(t0 - 0.5, t1 - 0.5, color="0.92", zorder=0)
     ax_err.set_ylim(T - 0.5, -0.5)
     ax_err.set_xlim(0, top)
-    ax_err.set_yticks(range(T))
+    ax_err.set_yticks(range(T), labels=[])  # the rows of the map to its left: no labels again
     ax_err.tick_params(labelsize=7)
     ax_err.set_xlabel("max |acc / l - final output|", fontsize=8)
     ax_err.set_title("output so far vs final\n(current block of queries)", fontsize=9, y=1.0,
