@@ -12,16 +12,20 @@ from __future__ import annotations
 import contextlib
 import copy
 import csv
+import importlib.util
 import io
 import os
 import re
 import shutil
 import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import nbformat
 import pytest
+from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
+from jupyter_client.manager import KernelManager
 
 from mha_course.grading import run
 from mha_course.grading.bundle import build_bundle
@@ -43,6 +47,7 @@ FIXTURES = ROOT / "tests" / "data" / "solutions"
 SOLUTIONS = ROOT / "solutions"
 EXERCISES = ROOT / "exercises"
 ANSI = re.compile(r"\x1b\[")
+ANSI_CODE = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def run_cli(*args, cwd=None):
@@ -210,46 +215,189 @@ def test_broken_foreign_and_missing_notebooks_get_one_clear_line(tmp_path):
         ), out
 
 
-def test_folder_of_submissions_gives_a_table_and_csv_despite_hang_and_crash(fixture_exercises,
-                                                                            tmp_path):
-    subs = tmp_path / "submissions"
-    exercise_nb = fixture_exercises / "98_fixture.ipynb"
-    learner_copy(exercise_nb, subs / "ada.ipynb", GOOD)
+# ----------------------------------------------- a class's folder: odd and hostile submissions
+
+
+HANG_IGNORING_SIGINT = ("import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                        "while True:\n    pass")
+ASSIGNMENT = ["97.1", "98.1", "98.2"]
+BUNDLE_GOOD = {"98.1": GOOD["98.1"], "98.2": "answer = 42"}
+
+
+def edit(path: Path, change) -> Path:
+    nb = nbformat.read(path, as_version=4)
+    change(nb)
+    nbformat.write(nb, path)
+    return path
+
+
+def solution_cell(nb, exercise):
+    return next(c for c in nb.cells if info(c).get("role") == "solution"
+                and info(c)["exercise"] == exercise)
+
+
+def helpers_print_and_a_copied_cell(nb):
+    """eve: her own cell holds an import and a helper; her double() keeps a debug print; 98.2
+    is typed into a copy of its cell, the stub left above it."""
+    solution_cell(nb, "98.1").source = "def double(x):\n    print('debug', x)\n    return twice(x)"
+    nb.cells.insert(2, nbformat.v4.new_code_cell(
+        "import math\n\ndef twice(x):\n    return math.prod([2, x])"))
+    stub = solution_cell(nb, "98.2")
+    copied = copy.deepcopy(stub)
+    copied.id, copied.source = "eves-copy", "answer = 6 * 7"
+    nb.cells.insert(nb.cells.index(stub) + 1, copied)
+
+
+def metadata_lost_and_a_cell_deleted(nb):
+    """fay: her 98.1 cell lost its metadata (its id is kept); she deleted 98.2's cell."""
+    answer = solution_cell(nb, "98.1")
+    answer.metadata = {}
+    answer.source = GOOD["98.1"]
+    nb.cells.remove(solution_cell(nb, "98.2"))
+
+
+def a_wrong_duplicate_below(nb):
+    """gil: the right 98.1, then (below its check cell) a copy with a wrong version."""
+    right = solution_cell(nb, "98.1")
+    wrong = copy.deepcopy(right)
+    wrong.id, wrong.source = "gils-second-try", WRONG["98.1"]
+    nb.cells.insert(nb.cells.index(right) + 2, wrong)
+
+
+@pytest.fixture(scope="module")
+def class_run(fixture_exercises, tmp_path_factory):
+    """One folder of odd and hostile submissions, checked once: --jobs 2 --timeout 5."""
+    tmp = tmp_path_factory.mktemp("class")
+    subs = tmp / "submissions"
+    lesson = fixture_exercises / "98_fixture.ipynb"
+    homework = build_bundle(ASSIGNMENT, FIXTURES, stub=True)
+    (tmp / "hw.ipynb").write_text(notebook_text(homework))
+    hw = tmp / "hw.ipynb"
+    learner_copy(lesson, subs / "ada.ipynb", GOOD)
     # bob saved his wrong answer with the solution's own outputs: they must not count.
-    bob = learner_copy(exercise_nb, subs / "bob" / "98_fixture.ipynb", WRONG,
+    bob = learner_copy(lesson, subs / "bob" / "98_fixture.ipynb", WRONG,
                        outputs_from=FIXTURES / "98_fixture.ipynb")
-    before, mtime = bob.read_bytes(), bob.stat().st_mtime_ns
-    learner_copy(exercise_nb, subs / "cy.ipynb", HANG)
-    learner_copy(exercise_nb, subs / "dee.ipynb", CRASH)
+    learner_copy(lesson, subs / "cy.ipynb", HANG)
+    learner_copy(lesson, subs / "dee.ipynb", CRASH)
+    edit(learner_copy(lesson, subs / "eve.ipynb", {}), helpers_print_and_a_copied_cell)
+    edit(learner_copy(lesson, subs / "fay.ipynb", {}), metadata_lost_and_a_cell_deleted)
+    edit(learner_copy(lesson, subs / "gil.ipynb", GOOD), a_wrong_duplicate_below)
+    learner_copy(lesson, subs / "jay.ipynb", GOOD)  # and a folder jay/: two learners
+    learner_copy(hw, subs / "jay" / "hw.ipynb", {**BUNDLE_GOOD, "97.1": CRASH["98.1"]})
+    learner_copy(hw, subs / "jay" / "hw_old.ipynb", {"98.2": "answer = 41"})
+    learner_copy(lesson, subs / "kim" / "good.ipynb", GOOD)
+    (subs / "kim" / "broken.ipynb").write_text('{"cells": [')
+    learner_copy(hw, subs / "lou.ipynb", {**BUNDLE_GOOD, "97.1": HANG_IGNORING_SIGINT})
+    learner_copy(lesson, subs / "max.ipynb", {
+        "98.1": "def double(x):\n    print('y' * 5_000_000)\n    return 2 * x",
+        "98.2": "answer = 42"})
+    for junk in ("jay/.ipynb_checkpoints/hw-checkpoint.ipynb", "__MACOSX/._ada.ipynb",
+                 ".hidden.ipynb"):
+        (subs / junk).parent.mkdir(parents=True, exist_ok=True)
+        (subs / junk).write_text("not a notebook")
     (subs / "notes.txt").write_text("not a submission")
+    files = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in subs.rglob("*") if p.is_file()}
     code, out = run_cli("check", subs, "--timeout", 5, "--jobs", 2, "--solutions", FIXTURES,
-                        cwd=tmp_path)
-    assert code == 1
-    assert "    Exercise 98.1  FAILED: double(3) returned 7, not 6.\n" in out
-    assert "Did you add instead of multiply?" in out
-    assert bob.read_bytes() == before and bob.stat().st_mtime_ns == mtime
-    assert "Exercise 98.1  TIMED OUT after 5 s in the check cell `check_double(double)`" in out
-    assert "Exercise 98.1  CRASHED: the kernel died while running your solution cell" in out
-    table = out[out.index("submission  "):]
-    rows = [line.split() for line in table.splitlines()[2:6]]
+                        cwd=tmp)
+    reports = {}
+    for block in ("\n" + out).split("\n== ")[1:]:
+        name, _, body = block.partition("\n")
+        reports[name] = body
+    reports[list(reports)[-1]] = reports[list(reports)[-1]].split("\nsubmission  ")[0]
+    table = out[out.index("\nsubmission  ") + 1:]
+    return {"code": code, "out": out, "reports": reports, "table": table, "tmp": tmp,
+            "files": files, "bob": bob}
+
+
+def test_a_class_folder_is_checked_into_one_row_per_learner(class_run):
+    rows = [line.split() for line in class_run["table"].splitlines()[2:14]]
+    assert class_run["table"].splitlines()[0].split() == ["submission", "97.1", "98.1", "98.2",
+                                                          "passed"]
     assert rows == [
         ["ada", "pass", "pass", "2/2"],
         ["bob", "FAIL", "pass", "1/2"],
         ["cy", "TIMEOUT", "pass", "1/2"],
         ["dee", "CRASH", "pass", "1/2"],
+        ["eve", "pass", "pass", "2/2"],
+        ["fay", "pass", "·", "1/2"],
+        ["gil", "FAIL", "pass", "1/2"],
+        ["jay/", "CRASH", "pass", "pass", "2/3"],
+        ["jay.ipynb", "pass", "pass", "2/2"],
+        ["kim", "ERROR", "pass", "pass", "2/3"],
+        ["lou", "TIMEOUT", "pass", "pass", "2/3"],
+        ["max", "pass", "pass", "2/2"],
     ]
-    with open(tmp_path / "results.csv", newline="") as f:
-        assert list(csv.reader(f)) == [
-            ["submission", "98.1", "98.2", "passed"],
-            ["ada", "passed", "passed", "2"],
-            ["bob", "failed", "passed", "1"],
-            ["cy", "timed out", "passed", "1"],
-            ["dee", "crashed", "passed", "1"],
-        ]
-    assert not ANSI.search(out)
-    # An existing CSV is never overwritten without --force.
-    code, out = run_cli("check", subs / "ada.ipynb", "--csv", tmp_path / "results.csv",
-                        "--solutions", FIXTURES, cwd=tmp_path)
+    assert class_run["code"] == 1
+    assert not ANSI.search(class_run["out"])
+    with open(class_run["tmp"] / "results.csv", newline="") as f:
+        table = list(csv.reader(f))
+    assert table[0] == ["submission", "97.1", "98.1", "98.2", "passed", "total"]
+    assert table[1] == ["ada", "", "passed", "passed", "2", "2"]
+    assert table[10] == ["kim", "error", "passed", "passed", "2", "3"]
+
+
+def test_submissions_are_only_read(class_run):
+    for path, (data, mtime) in class_run["files"].items():
+        assert path.read_bytes() == data and path.stat().st_mtime_ns == mtime, path
+
+
+def test_a_crash_or_a_hang_loses_only_its_exercise_in_lessons_and_bundles(class_run):
+    """Issue 10, problem 1: a crash or a SIGINT-ignoring hang in a bundle's first exercise."""
+    reports = class_run["reports"]
+    assert "Exercise 98.1  TIMED OUT after 5 s in the check cell `check_double(double)`" in \
+        reports["cy"]
+    assert "Exercise 98.1  CRASHED: the kernel died while running your solution cell" in \
+        reports["dee"]
+    assert ("Exercise 97.1  TIMED OUT after 5 s in your solution cell; it ignored the "
+            "interrupt, so its kernel was stopped") in reports["lou"]
+    assert "Exercise 97.1  CRASHED: the kernel died while running your solution cell" in \
+        reports["jay/"]
+    for name in ("lou", "jay/"):
+        assert "ERROR" not in reports[name].split("hw_old")[0], reports[name]
+        assert "Exercise 98.1  passed" in reports[name] and "Exercise 98.2  passed" in \
+            reports[name]
+
+
+def test_saved_outputs_never_count(class_run):
+    bob = class_run["reports"]["bob"]
+    assert "    Exercise 98.1  FAILED: double(3) returned 7, not 6.\n" in bob
+    assert "Did you add instead of multiply?" in bob
+
+
+def test_answers_are_found_where_the_learners_put_them(class_run):
+    """Issue 10, problem 5: helper cell, copied cell, lost metadata, deleted cell, duplicate."""
+    eve, fay, gil = (class_run["reports"][n] for n in ("eve", "fay", "gil"))
+    assert "Exercise 98.1  passed" in eve and "Exercise 98.2  passed" in eve
+    assert ("note: your code printed 1 more line in the check cell `check_double(double)` "
+            "(the first: 'debug 3'); remove the leftover print()") in eve
+    assert "Exercise 98.1  passed" in fay
+    assert "Exercise 98.2  MISSING: your notebook has no solution cell for this exercise" in fay
+    assert "Exercise 98.1  FAILED: double(3) returned 7, not 6." in gil
+    assert ("note: cells 4 and 6 of your notebook all answer Exercise 98.1; they ran in that "
+            "order, so the last one's definitions were checked") in gil
+
+
+def test_a_5_mb_print_makes_a_short_report(class_run):
+    report = class_run["reports"]["max"]
+    assert "Exercise 98.1  passed" in report and "remove the leftover print()" in report
+    assert len(class_run["out"]) < 30_000, len(class_run["out"])
+
+
+def test_folder_mode_keeps_learners_apart_takes_the_best_and_skips_system_folders(class_run):
+    reports, out = class_run["reports"], class_run["out"]
+    assert set(reports) == {"ada", "bob", "cy", "dee", "eve", "fay", "gil", "jay/", "jay.ipynb",
+                            "kim", "lou", "max"}
+    assert "checkpoint" not in out and "MACOSX" not in out and ".hidden" not in out
+    assert ("note: Exercise 98.2: passed in hw.ipynb; failed in hw_old.ipynb (the best, "
+            "passed, counts)") in reports["jay/"]
+    assert "ERROR: " in reports["kim"] and "broken.ipynb: not a notebook" in reports["kim"]
+    assert "· = missing (no cell for it in the notebook)" in class_run["table"]
+
+
+def test_an_existing_csv_is_never_overwritten_without_force(class_run):
+    tmp = class_run["tmp"]
+    code, out = run_cli("check", tmp / "submissions" / "ada.ipynb", "--csv", tmp / "results.csv",
+                        "--solutions", FIXTURES, cwd=tmp)
     assert code == 2 and "already exists; use --force" in out
 
 
@@ -337,3 +485,76 @@ def test_every_real_stub_is_not_attempted_and_every_real_solution_passes(tmp_pat
     assert {v.status for v in stub_verdicts} == {"not attempted"}, reports
     assert [v.exercise for v in results[-1].verdicts] == all_ids, reports
     assert results[-1].all_passed, reports
+
+
+# ------------------------------------------------------------------ short, exact messages
+
+
+def test_a_failed_check_in_a_notebook_shows_a_few_lines_not_the_checkers_traceback():
+    """Issue 10, problem 7: 25 to 49 lines of checker traceback before the one useful line."""
+    spec = KernelSpec(argv=[sys.executable, "-m", "ipykernel_launcher", "-f",
+                            "{connection_file}"], language="python", display_name="test")
+
+    class Specs(KernelSpecManager):
+        def get_kernel_spec(self, kernel_name):
+            return spec
+
+    km = KernelManager(kernel_name="test", kernel_spec_manager=Specs())
+    km.start_kernel(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    kc = km.client()
+    kc.start_channels()
+    errors = []
+    try:
+        kc.wait_for_ready(timeout=120)
+        for code in ("import numpy as np\nfrom mha_course import checks",
+                     "def causal_mask(T):\n    return np.ones((T, T), dtype=bool)",
+                     "checks.check_causal_mask(causal_mask)"):
+            kc.execute_interactive(code, timeout=120, output_hook=lambda msg: errors.append(
+                msg["content"]) if msg["msg_type"] == "error" else None)
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    assert len(errors) == 1
+    lines = [ANSI_CODE.sub("", line) for line in errors[0]["traceback"]]
+    assert lines[:2] == ["Cell In[3], line 1", "----> 1 checks.check_causal_mask(causal_mask)"]
+    assert len(lines) == 3 and lines[2].startswith("CheckFailed: Exercise 03.3: your mask"), lines
+
+
+def test_make_check_with_a_bad_lesson_lists_the_lessons_and_make_adds_no_error_line():
+    out = subprocess.run(["make", "check", "EX=9"], cwd=ROOT, capture_output=True, text=True)
+    text = out.stdout + out.stderr
+    assert "no exercise notebook for lesson '9'" in text
+    assert "the lessons are: 01 02 03 04" in text
+    assert "Error" not in text.replace("error: ", "")
+
+
+def test_make_check_ex_3_checks_lesson_03_without_makes_error_line():
+    out = subprocess.run(["make", "check", "EX=3"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=900)
+    text = out.stdout + out.stderr
+    assert "exercises/03_single_head_attention.ipynb (checked against" in text
+    assert "Exercise 03.1  " in text and "make: ***" not in text and "Error 1" not in text
+
+
+def test_the_timing_class_has_thirty_learners_right_wrong_unanswered_one_hang_one_crash(tmp_path):
+    """tests/data/make_class.py builds the folder the issue's timing is measured on."""
+    spec = importlib.util.spec_from_file_location("make_class", ROOT / "tests" / "data" /
+                                                  "make_class.py")
+    make_class = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_class)
+    paths = make_class.make_class(tmp_path, 30)
+    assert len(paths) == 30
+    kinds = []
+    for path in paths:
+        for cell in nbformat.read(path, as_version=4).cells:
+            meta = info(cell)
+            if meta.get("role") != "solution":
+                continue
+            x, source = meta["exercise"], cell.source
+            kinds.append("right" if source == make_class.RIGHT[x] else
+                         "wrong" if source in make_class.WRONG[x] else
+                         "hang" if source == make_class.HANG else
+                         "crash" if source == make_class.CRASH else "stub")
+    counts = {k: kinds.count(k) for k in set(kinds)}
+    assert counts["hang"] == 1 and counts["crash"] == 1
+    assert counts["right"] > 80 and counts["wrong"] > 15 and counts["stub"] > 5, counts

@@ -136,11 +136,17 @@ def matmul_from_the_package(a, b):
     return mha_course.naive.matmul(a, b)
 
 
+def matmul_in_the_other_loop_order(a, b):
+    return mha_course.naive.matmul_ijk(a, b)
+
+
 MATMUL = [
     (matmul_numpy_alias, LOOPS + "calls xp.asarray (numpy.asarray)"),
     (matmul_ufunc_in_loops, LOOPS + "calls np.multiply (numpy.multiply)"),
     (matmul_from_the_package, "Exercise 01.1 asks you to write the three loops yourself; your "
                               "answer calls mha_course.naive.matmul"),
+    (matmul_in_the_other_loop_order, "Exercise 01.1 asks you to write the three loops "
+                                     "yourself; your answer calls mha_course.naive.matmul_ijk"),
 ]
 
 
@@ -263,3 +269,146 @@ def test_every_solution_passes_its_check_with_the_committed_output(path, capsys)
         exec(compile(cell.source, filename, "exec"), namespace)
         expected = "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
         assert capsys.readouterr().out == expected, f"{path.name}, cell {index}"
+
+
+# -------------------------------------- every exercise whose task says "write it yourself"
+
+
+def _hand_softmax(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _per_head(x, W_q, W_k, W_v, W_o, mask=None):
+    heads = [mha_course.scaled_dot_product_attention(x @ W_q[i], x @ W_k[i], x @ W_v[i], mask)
+             for i in range(len(W_q))]
+    return (np.concatenate([o for o, _ in heads], axis=-1) @ W_o,
+            np.stack([w for _, w in heads], axis=1))
+
+
+#: (exercise's check, an answer that calls what the task asks to write, the end of the message)
+PACKAGE_CALLS = [
+    ("check_softmax", lambda x: mha_course.softmax(x),
+     "write the softmax yourself, with NumPy; your answer calls mha_course.softmax"),
+    ("check_softmax", lambda x: np.exp(mha_course.log_softmax(x)),
+     "write the softmax yourself, with NumPy; your answer calls mha_course.log_softmax"),
+    ("check_softmax", lambda x: np.exp(x - mha_course.logsumexp(x, keepdims=True)),
+     "write the softmax yourself, with NumPy; your answer calls mha_course.logsumexp"),
+    ("check_softmax", lambda x: np.array(mha_course.naive.softmax_rows(x.reshape(-1, x.shape[-1])
+                                                                       .tolist())).reshape(x.shape),
+     "write the softmax yourself, with NumPy; your answer calls mha_course.naive.softmax_rows"),
+    ("check_log_softmax", lambda x: mha_course.log_softmax(x),
+     "compute log-sum-exp yourself, with NumPy; your answer calls mha_course.log_softmax"),
+    ("check_log_softmax", lambda x: x - mha_course.logsumexp(x, keepdims=True),
+     "compute log-sum-exp yourself, with NumPy; your answer calls mha_course.logsumexp"),
+    ("check_attention", lambda q, k, v, mask=None:
+     mha_course.scaled_dot_product_attention(q, k, v, mask),
+     "write scaled dot-product attention yourself (mha_course.softmax is allowed); your answer "
+     "calls mha_course.scaled_dot_product_attention"),
+    ("check_causal_mask", lambda T: mha_course.causal_mask(T),
+     "build the causal mask yourself, with NumPy; your answer calls mha_course.causal_mask"),
+    ("check_padding_mask", lambda lengths, S: mha_course.padding_mask(lengths, S),
+     "build the padding mask yourself, with NumPy; your answer calls mha_course.padding_mask"),
+    ("check_split_heads", lambda x, h: mha_course.split_heads(x, h),
+     "split the heads yourself, with reshape and transpose; your answer calls "
+     "mha_course.split_heads"),
+    ("check_merge_heads", lambda x: mha_course.merge_heads(x),
+     "merge the heads yourself, with transpose and reshape; your answer calls "
+     "mha_course.merge_heads"),
+    ("check_fuse_heads", lambda W: mha_course.MultiHeadAttention.from_per_head(
+        W, W, W, np.zeros((W.shape[0] * W.shape[2], W.shape[1]))).W_q,
+     "lay the heads side by side yourself, with NumPy; your answer calls "
+     "mha_course.MultiHeadAttention.from_per_head"),
+    ("check_param_count", lambda d_model, h, d_k, d_v, bias:
+     mha_course.param_count(d_model, h, d_k, d_v, bias=bias),
+     "count the parameters yourself, from the shapes; your answer calls mha_course.param_count"),
+    ("check_param_count", lambda d_model, h, d_k, d_v, bias: sum(
+        p.size for p in mha_course.MultiHeadAttention(d_model, h, d_k, d_v, bias=bias)
+        .parameters().values()),
+     "count the parameters yourself, from the shapes; your answer calls "
+     "mha_course.MultiHeadAttention"),
+    ("check_mha_forward", lambda x, W_q, W_k, W_v, W_o, mask=None:
+     mha_course.MultiHeadAttention.from_per_head(W_q, W_k, W_v, W_o)(x, mask=mask),
+     "write the multi-head forward yourself (mha_course.scaled_dot_product_attention is "
+     "allowed); your answer calls mha_course.MultiHeadAttention"),
+]
+
+
+@pytest.mark.parametrize(("check", "answer", "ending"), PACKAGE_CALLS,
+                         ids=[f"{c}-{e.rsplit(' ', 1)[-1]}" for c, _, e in PACKAGE_CALLS])
+def test_every_write_it_yourself_exercise_fails_a_call_to_the_package(check, answer, ending,
+                                                                       capsys):
+    with pytest.raises(CheckFailed) as info:
+        getattr(checks, check)(answer)
+    message = str(info.value)
+    assert message.startswith("Exercise ") and " asks you to " in message
+    assert message.endswith(ending), message
+    assert capsys.readouterr().out == ""
+
+
+def test_softmax_exercises_fail_pytorchs_softmax(torch):
+    def torch_softmax(x):
+        return torch.softmax(torch.from_numpy(x), dim=-1).numpy()
+
+    def torch_masked(x, mask):
+        s = torch.from_numpy(np.where(mask, x, -np.inf))
+        return torch.nan_to_num(torch.nn.functional.softmax(s, dim=-1)).numpy()
+
+    with pytest.raises(CheckFailed, match=r"^Exercise 02\.1 asks you to write the softmax "
+                                          r"yourself, with NumPy; your answer calls torch\."):
+        checks.check_softmax(torch_softmax)
+    with pytest.raises(CheckFailed, match=r"^Exercise 02\.4 asks you to write the masking "
+                                          r"yourself; your answer calls torch\."):
+        checks.check_masked_softmax(torch_masked)
+
+
+ALLOWED = [
+    ("check_softmax_temperature", lambda x, tau: mha_course.softmax(x / tau)),
+    ("check_softmax_temperature", lambda x, tau: _hand_softmax(x / tau)),
+    ("check_attention", lambda q, k, v, mask=None: (
+        lambda w: (w @ v, w))(mha_course.softmax(
+            q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1]),
+            mask=None if mask is None else np.broadcast_to(mask, q.shape[:-1] + k.shape[-2:-1])))),
+    ("check_masked_self_attention", lambda q, k, v, lengths:
+     mha_course.scaled_dot_product_attention(
+         q, k, v, mha_course.causal_mask(q.shape[-2])
+         & mha_course.padding_mask(lengths, q.shape[-2]))),
+    ("check_mha_forward", _per_head),
+]
+
+
+@pytest.mark.parametrize(("check", "answer"), ALLOWED,
+                         ids=[f"{c}-{i}" for i, (c, _) in enumerate(ALLOWED)])
+def test_tasks_that_allow_the_package_accept_it(check, answer, capsys):
+    getattr(checks, check)(answer)
+    assert " passed: " in capsys.readouterr().out
+
+
+TASK_WORDS = {  # exercise -> words its task must contain, so the learner knows the rule
+    "02.1": "check fails an answer that calls",
+    "02.2": "You may use `mha_course.softmax`",
+    "02.3": "check fails an answer that calls",
+    "02.4": "The check fails an answer that calls one of them",
+    "03.2": "The check fails an answer that calls",
+    "03.3": "The check fails an answer that calls",
+    "03.4": "The check fails an answer that calls",
+    "03.5": "Use `mha_course.causal_mask`",
+    "04.1": "The check fails an answer that calls",
+    "04.2": "The check fails an answer that calls",
+    "04.3": "The check fails an answer that calls",
+    "04.4": "The check fails an answer that calls",
+    "04.5": "The check fails an answer that calls",
+    "04.6": "not by calling `layer` itself",
+    "01.1": "no NumPy",
+}
+
+
+@pytest.mark.parametrize("exercise", sorted(TASK_WORDS))
+def test_each_task_says_what_it_forbids_or_allows(exercise):
+    tasks = {}
+    for path in sorted((ROOT / "solutions").glob("0[1-4]_*.ipynb")):
+        for cell in nbformat.read(path, as_version=4).cells:
+            meta = cell.metadata.get("mha_course", {})
+            if meta.get("role") == "task":
+                tasks[meta["exercise"]] = " ".join(cell.source.split())
+    assert TASK_WORDS[exercise] in tasks[exercise], tasks[exercise]

@@ -16,9 +16,12 @@ Used by ``exercises/NN_*.ipynb`` (the exercises for ``notebooks/01_matmul.ipynb`
    :class:`CheckFailed` whose message starts with ``Exercise NN.M: ``.
 
 An exercise that asks you to write something yourself names what it forbids (01.1: NumPy and
-``mha_course.naive.matmul``; 02.4: ``mha_course.softmax`` and SciPy's or PyTorch's softmax;
-04.6: calling the layer); an answer that calls one fails with ``Exercise NN.M asks you to
-<task>; your answer calls <name>``.
+``mha_course.naive``; 02.1 and 02.4: every library softmax; 02.3: ``log_softmax`` and
+``logsumexp``; 03.2: ``scaled_dot_product_attention``; 03.3 and 03.4: the package's masks; 04.1
+and 04.2: ``split_heads`` and ``merge_heads``; 04.3: ``MultiHeadAttention.from_per_head``; 04.4:
+``param_count``; 04.5: the layer; 04.6: calling the layer); an answer that calls one fails with
+``Exercise NN.M asks you to <task>; your answer calls <name>``. Every check probes several
+shapes (different d_k, h and rank), so an answer that hard-codes a size fails.
 
 An exception raised by your function becomes a :class:`CheckFailed` that quotes it, except
 ``NotImplementedError``: the exercise stub raises it (``Exercise NN.M: <task>``), and it passes
@@ -40,6 +43,8 @@ from .lesson01 import *  # noqa: F403
 from .lesson02 import *  # noqa: F403
 from .lesson03 import *  # noqa: F403
 from .lesson04 import *  # noqa: F403
+from .lesson05 import *  # noqa: F403
+from .lesson06 import *  # noqa: F403
 from .lesson07 import *  # noqa: F403
 
 __all__ = ["CheckFailed", *sorted(name for name in dir() if name.startswith("check_"))]

@@ -76,7 +76,9 @@ def resolve(name: str):
     """The object a dotted name means, or None; never imports a package not imported yet.
 
     Attributes are followed first (``mha_course.softmax`` is the function, not the module of
-    that name); a submodule of an imported package is imported when it is not an attribute.
+    that name); where an attribute shadows its module, the module is looked in too
+    (``mha_course.softmax.softmax_inplace``); a submodule of an imported package is imported
+    when it is not an attribute.
     """
     parts = name.split(".")
     obj = sys.modules.get(parts[0])
@@ -85,13 +87,19 @@ def resolve(name: str):
             return None
         try:
             obj = getattr(obj, parts[i])
+            continue
         except AttributeError:
-            if not isinstance(obj, types.ModuleType):
-                return None
-            try:
-                obj = importlib.import_module(".".join(parts[: i + 1]))
-            except ImportError:
-                return None
+            pass
+        module = sys.modules.get(".".join(parts[:i]))
+        if module is not None and module is not obj and hasattr(module, parts[i]):
+            obj = getattr(module, parts[i])
+            continue
+        if not isinstance(obj, types.ModuleType):
+            return None
+        try:
+            obj = importlib.import_module(".".join(parts[: i + 1]))
+        except ImportError:
+            return None
     return obj
 
 
@@ -132,13 +140,18 @@ def _in_module(module_name, rule: Rule) -> bool:
     )
 
 
+def _func(obj):
+    """The function under a bound method, a classmethod or a staticmethod (else ``obj``)."""
+    return getattr(obj, "__func__", obj)
+
+
 def matches(rule: Rule, obj) -> bool:
     """Whether using ``obj`` breaks ``rule``: the very object, or anything from its module."""
     if rule.target is None or obj is None:
         return False
     try:
-        if obj is rule.target or getattr(obj, "__func__", None) is rule.target:
-            return True
+        if obj is rule.target or _func(obj) is _func(rule.target):
+            return True  # the function itself, or a (class)method bound to it
         if not rule.module:
             return False
         if isinstance(obj, types.ModuleType):
@@ -289,7 +302,8 @@ def find_in_source(fn, rules, helper: str = "", depth: int = 0, seen=None) -> Us
             rule = first_match(rules, objects[i])
             if rule is not None:
                 text = ".".join(parts[: i + 1]) if i < len(rest) else written
-                canonical = rule.name if objects[i] is rule.target else dotted_name(objects[i])
+                same = _func(objects[i]) is _func(rule.target)
+                canonical = rule.name if same else dotted_name(objects[i])
                 return Use(rule, text, canonical, helper)
         last = objects[-1]
         if (isinstance(last, types.FunctionType) and last.__globals__ is fn.__globals__
@@ -349,7 +363,7 @@ class CallWatch:
             elif event == "c_call":
                 rule = first_match(self.rules, arg)
                 if rule is not None:
-                    name = rule.name if arg is rule.target else dotted_name(arg)
+                    name = rule.name if _func(arg) is _func(rule.target) else dotted_name(arg)
                     self.found = Use(rule, name, name)
         if self.previous is not None:
             self.previous(frame, event, arg)

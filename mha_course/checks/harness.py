@@ -16,7 +16,10 @@ Every ``check_*`` in ``mha_course/checks/lessonNN.py`` is built from these piece
 
 Every message starts with ``Exercise NN.M: `` (the checker relies on it to show a check's own
 words; a forbidden call reads ``Exercise NN.M asks you to ...``), numbers are printed with
-:func:`fmt` (4 decimals) so a message is the same on every machine.
+:func:`fmt` (4 decimals) so a message is the same on every machine, and with more digits
+(:func:`fmt_pair`) where 4 would make two different numbers look equal. In a notebook a failed
+check shows the learner's own frames and the message, not the checker's internals
+(:meth:`CheckFailed._render_traceback_`).
 
 A new check, in outline (the lesson modules hold twenty real ones)::
 
@@ -36,6 +39,9 @@ from __future__ import annotations
 import copy
 import math
 import numbers
+import os
+import sys
+import traceback
 import warnings
 
 import numpy as np
@@ -50,6 +56,53 @@ NAN_GENERIC = ("NaN and inf come from 0/0, inf/inf, inf - inf or a log of 0 or l
 
 class CheckFailed(AssertionError):
     """Your answer to an exercise is wrong; the message says how, and the likely mistake."""
+
+    def _render_traceback_(self) -> list[str]:
+        """What IPython shows for this error: the learner's frames and the message only.
+
+        IPython calls this hook instead of printing the full traceback, whose frames inside
+        the checker (the check, ``compare``, ...) say nothing to the learner.
+        """
+        return short_traceback(self)
+
+
+#: Frames in these folders are the checker's or a library's, not the learner's.
+_NOT_LEARNER = tuple(
+    os.path.join(os.path.abspath(p), "")
+    for p in {os.path.dirname(os.path.dirname(os.path.abspath(__file__))), sys.prefix,
+              sys.base_prefix, sys.exec_prefix}
+)
+
+
+def _frame_lines(frame) -> list[str]:
+    """``Cell In[7], line 4, in attention`` and ``----> 4 <the line>`` for one frame."""
+    where = frame.filename
+    shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
+    named = getattr(getattr(shell, "compile", None), "format_code_name", lambda name: None)
+    label = named(frame.filename)
+    if label:
+        where = " ".join(label)
+    head = f"{where}, line {frame.lineno}" + (
+        f", in {frame.name}" if frame.name != "<module>" else "")
+    return [head] + ([f"----> {frame.lineno} {frame.line.strip()}"] if frame.line else [])
+
+
+def short_traceback(exc: BaseException) -> list[str]:
+    """The learner's frames of ``exc`` (and of the error it quotes), then the message.
+
+    A check's own frames, NumPy's and the standard library's are left out: what is kept is the
+    line that called the check and at most the last three frames of the learner's code that
+    raised.
+    """
+    def learner(tb):
+        return [f for f in traceback.extract_tb(tb)
+                if not os.path.abspath(f.filename).startswith(_NOT_LEARNER)]
+
+    lines = [ln for f in learner(exc.__traceback__)[-1:] for ln in _frame_lines(f)]
+    cause = exc.__cause__
+    if cause is not None:
+        lines += [ln for f in learner(cause.__traceback__)[-3:] for ln in _frame_lines(f)]
+    return lines + [f"\x1b[0;31m{type(exc).__name__}\x1b[0m: {exc}"]
 
 
 # --------------------------------------------------------------------------- shared helpers
@@ -73,6 +126,28 @@ def fmt(value) -> str:
     if math.isnan(value) or math.isinf(value):
         return str(value)
     return f"{value + 0.0:.4f}"
+
+
+def fmt_pair(a, b) -> tuple[str, str]:
+    """Two numbers as :func:`fmt` prints them, with more digits where 4 would look equal.
+
+    >>> fmt_pair(0.5, 0.25)
+    ('0.5000', '0.2500')
+    >>> fmt_pair(0.44181, 0.44179)
+    ('0.44181', '0.44179')
+    """
+    first, second = fmt(a), fmt(b)
+    if first != second:
+        return first, second
+    try:
+        fa, fb = float(a), float(b)
+    except (TypeError, ValueError):
+        return first, second
+    for digits in range(6, 18):
+        first, second = f"{fa:.{digits}g}", f"{fb:.{digits}g}"
+        if first != second:
+            break
+    return first, second
 
 
 def fmt_index(index) -> str:
@@ -277,11 +352,16 @@ def compare(ex, got, want, what: str, letters: str, variants=(), shape_hints=Non
     diff = np.abs(arr.astype(float) - want.astype(float))
     diff = np.where(np.isnan(diff), np.inf, diff)
     where = np.unravel_index(int(np.argmax(diff)), diff.shape)
-    raise fail(
-        ex,
-        f"{what}: at index {fmt_index(where)} you have {fmt(arr[where])}, the reference has "
-        f"{fmt(want[where])}",
-    )
+    mine, theirs = fmt_pair(arr[where], want[where])
+    detail = ""
+    if fmt(arr[where]) == fmt(want[where]):
+        scale = max(abs(float(want[where])), 1e-300)
+        detail = f" (a relative difference of {float(diff[where]) / scale:.1e})"
+    if arr.dtype.kind == "f" and arr.dtype.itemsize < want.dtype.itemsize:
+        detail += (f"; your array is {arr.dtype}, which keeps about 7 significant digits: "
+                   f"compute in {want.dtype} (NumPy's default) to match to 1e-6")
+    raise fail(ex, f"{what}: at index {fmt_index(where)} you have {mine}, the reference has "
+                   f"{theirs}{detail}")
 
 
 def rows_sum_to_one(ex, what: str, fully_masked=None):

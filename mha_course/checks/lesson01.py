@@ -27,7 +27,7 @@ __all__ = [
 #: Exercise 01.1 is the lesson's first matmul: Python loops over lists, nothing else.
 _LOOPS_ONLY = {
     "numpy": "multiply with three Python loops, without NumPy",
-    "mha_course.naive.matmul": "write the three loops yourself",
+    "mha_course.naive": "write the three loops yourself",  # matmul, matmul_ijk, ...
 }
 
 
@@ -80,28 +80,33 @@ def check_most_similar(fn) -> None:
     """Exercise 01.2: ``most_similar(queries, keys)``: index of the key with the largest dot."""
     ex = "01.2"
     rng = np.random.default_rng(102)
-    queries = rng.normal(size=(3, 4))
-    keys = rng.normal(size=(5, 4)) * np.array([[0.4], [1.0], [2.5], [0.7], [1.6]])
-    scores = queries @ keys.T  # (T, S)
-    want = np.argmax(scores, axis=1)
-    got = call(ex, fn, (queries, keys), ("queries", "keys"))
-    if got is not None and np.asarray(got).dtype.kind == "f":
-        if np.asarray(got).shape == (3,) and np.allclose(got, scores.max(axis=1)):
-            raise fail(ex, "you returned the largest scores, not their positions: use "
-                           "np.argmax instead of np.max")
-    dist = np.linalg.norm(queries[:, None, :] - keys[None, :, :], axis=-1)
-    compare(
-       ex, got, want, "your indices", "(T,)",
-       variants=[
-           ("you picked the nearest key by distance; the dot product also grows with a key's "
-            "length, so the most similar key by dot product can be a far, long one",
-            lambda: np.argmin(dist, axis=1)),
-           ("you took the argmin: the most similar key has the LARGEST dot product",
-            lambda: np.argmin(scores, axis=1)),
-       ],
-       shape_hints={(5,): "one index per key: take the argmax over the keys, axis=1 of the "
-                          "(T, S) scores queries @ keys.T"},
-    )
+    probes = [(rng.normal(size=(3, 4)), rng.normal(size=(5, 4)) * np.array([[0.4], [1.0], [2.5],
+                                                                            [0.7], [1.6]])),
+              (rng.normal(size=(6, 9)), rng.normal(size=(4, 9)) * np.array([[2.0], [0.3], [1.2],
+                                                                            [0.8]]))]
+    for queries, keys in probes:
+        scores = queries @ keys.T  # (T, S)
+        want = np.argmax(scores, axis=1)
+        got = call(ex, fn, (queries, keys), ("queries", "keys"))
+        if got is not None and np.asarray(got).dtype.kind == "f":
+            if np.asarray(got).shape == want.shape and np.allclose(got, scores.max(axis=1)):
+                raise fail(ex, "you returned the largest scores, not their positions: use "
+                               "np.argmax instead of np.max")
+        dist = np.linalg.norm(queries[:, None, :] - keys[None, :, :], axis=-1)
+        T, S = scores.shape
+        compare(
+           ex, got, want,
+           f"your indices for {T} queries and {S} keys of size {queries.shape[1]}", "(T,)",
+           variants=[
+               ("you picked the nearest key by distance; the dot product also grows with a "
+                "key's length, so the most similar key by dot product can be a far, long one",
+                lambda dist=dist: np.argmin(dist, axis=1)),
+               ("you took the argmin: the most similar key has the LARGEST dot product",
+                lambda scores=scores: np.argmin(scores, axis=1)),
+           ],
+           shape_hints={(S,): "one index per key: take the argmax over the keys, axis=1 of the "
+                              "(T, S) scores queries @ keys.T"},
+        )
     passed(ex, "the indices for 3 queries and 5 keys of different lengths match "
                "np.argmax(queries @ keys.T, axis=1)")
 
@@ -110,23 +115,24 @@ def check_batched_scores(fn) -> None:
     """Exercise 01.3: ``batched_scores(Q, K)``: Q Kᵀ for every batch and head, (B, h, T, S)."""
     ex = "01.3"
     rng = np.random.default_rng(103)
-    B, h, T, S, d = 2, 3, 4, 5, 6
-    Q = rng.normal(size=(B, h, T, d))
-    K = rng.normal(size=(B, h, S, d))
-    want = Q @ np.swapaxes(K, -1, -2)
-    got = call(ex, fn, (Q, K), ("Q", "K"), hint=attention_hint)
-    compare(
-       ex, got, want, "your scores", "(B, h, T, S)",
-       variants=[
-           ("you divided by √d: this exercise wants the raw dot products (the scaling comes in "
-            "lesson 03)", lambda: want / np.sqrt(d)),
-       ],
-       shape_hints={
-           (B, T, S): "you summed over the head axis: keep h in the output, e.g. "
-                      "np.einsum('bhtd,bhsd->bhts', Q, K)",
-           (B, h, S, T): "you computed K Qᵀ, (S, T): the queries index the rows, Q @ Kᵀ",
-       },
-    )
+    for B, h, T, S, d in ((2, 3, 4, 5, 6), (1, 4, 2, 3, 5)):
+        Q = rng.normal(size=(B, h, T, d))
+        K = rng.normal(size=(B, h, S, d))
+        want = Q @ np.swapaxes(K, -1, -2)
+        got = call(ex, fn, (Q, K), ("Q", "K"), hint=attention_hint)
+        compare(
+           ex, got, want, f"your scores for Q {fmt_shape(Q.shape)}, K {fmt_shape(K.shape)}",
+           "(B, h, T, S)",
+           variants=[
+               ("you divided by √d: this exercise wants the raw dot products (the scaling comes "
+                "in lesson 03)", lambda want=want, d=d: want / np.sqrt(d)),
+           ],
+           shape_hints={
+               (B, T, S): "you summed over the head axis: keep h in the output, e.g. "
+                          "np.einsum('bhtd,bhsd->bhts', Q, K)",
+               (B, h, S, T): "you computed K Qᵀ, (S, T): the queries index the rows, Q @ Kᵀ",
+           },
+        )
     passed(ex, "(2, 3, 4, 6) @ (2, 3, 5, 6)ᵀ gives (2, 3, 4, 5) and matches Q @ "
                "np.swapaxes(K, -1, -2)")
 

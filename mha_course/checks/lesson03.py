@@ -32,13 +32,26 @@ __all__ = [
     "check_padding_mask",
 ]
 
+#: Exercise 03.2 is to write attention (mha_course.softmax is allowed, as its task says).
+_OWN_ATTENTION = dict.fromkeys(
+    ["mha_course.scaled_dot_product_attention", "mha_course.tiled_attention",
+     "mha_course.MultiHeadAttention", "mha_course.lean.lean_forward",
+     "torch.nn.functional.scaled_dot_product_attention"],
+    "write scaled dot-product attention yourself (mha_course.softmax is allowed)",
+)
+#: Exercises 03.3 and 03.4 are to build the masks with NumPy.
+_OWN_CAUSAL = dict.fromkeys(["mha_course.causal_mask", "mha_course.sliding_window_mask"],
+                            "build the causal mask yourself, with NumPy")
+_OWN_PADDING = {"mha_course.padding_mask": "build the padding mask yourself, with NumPy"}
+
 
 def check_attention_scores(fn) -> None:
     """Exercise 03.1: ``attention_scores(q, k)`` = q kᵀ / √d_k, (..., T, S)."""
     ex = "03.1"
     rng = np.random.default_rng(301)
     probes = [(rng.normal(size=(2, 3, 4)), rng.normal(size=(2, 5, 4)), "(B, T, S)"),
-              (rng.normal(size=(3, 9)), rng.normal(size=(5, 9)), "(T, S)")]
+              (rng.normal(size=(3, 9)), rng.normal(size=(5, 9)), "(T, S)"),
+              (rng.normal(size=(2, 2, 3, 16)), rng.normal(size=(2, 2, 5, 16)), "(B, h, T, S)")]
     for q, k, letters in probes:
         raw = q @ np.swapaxes(k, -1, -2)
         d_k = q.shape[-1]
@@ -72,17 +85,22 @@ def check_attention(fn) -> None:
     q, k, v = attention_probes(rng)
     mask = random_mask(rng, (2, 3, 5))
     full = random_mask(rng, (2, 3, 5), full_rows=((0, 1),))
+    q4, k4, v4 = (rng.normal(size=(2, 2, n, d)) for n, d in ((3, 9), (5, 9), (5, 3)))
+    q2, k2, v2 = rng.normal(size=(4, 16)), rng.normal(size=(6, 16)), rng.normal(size=(6, 2))
     probes = [("without a mask", (q, k, v), None),
               ("with a mask", (q, k, v), mask),
               ("with a fully masked query (row (0, 1))", (q, k, v), full),
-              ("at large scores (q times 2000)", (q * 2000, k, v), None)]
+              ("at large scores (q times 2000)", (q * 2000, k, v), None),
+              ("for q (2, 2, 3, 9) and a (3, 5) mask", (q4, k4, v4), random_mask(rng, (3, 5))),
+              ("for q (4, 16), k (6, 16), v (6, 2)", (q2, k2, v2), None)]
     for label, (qq, kk, vv), m in probes:
         want_out, want_w = scaled_dot_product_attention(qq, kk, vv, mask=m)
         kwargs = {} if m is None else {"mask": m}
-        got = call(ex, fn, (qq, kk, vv), ("q", "k", "v"), kwargs, hint=attention_hint)
+        got = call(ex, fn, (qq, kk, vv), ("q", "k", "v"), kwargs, hint=attention_hint,
+                   forbid=_OWN_ATTENTION)
 
-        def var(m=m, qq=qq, **kw):
-            return lambda: attention_variant(qq, k, v, m, **kw)
+        def var(m=m, qq=qq, kk=kk, vv=vv, **kw):
+            return lambda: attention_variant(qq, kk, vv, m, **kw)
 
         variants = [
             ("scores not scaled by √d_k: divide q·kᵀ by np.sqrt(d_k)", var(scale="none")),
@@ -102,9 +120,9 @@ def check_attention(fn) -> None:
                  "does that. A query with no allowed key must get weights 0 and output 0",
                  var(fill=-1e9)),
             ]
-        compare_pair(ex, got, want_out, want_w, label, variants, mask=m,
-                     full_rows=None if m is None else ~m.any(axis=-1),
-                     nan_message=_OVERFLOW if qq is not q else _FULL_NAN if m is full else None)
+        full_rows = None if m is None else np.broadcast_to(~m.any(axis=-1), want_w.shape[:-1])
+        compare_pair(ex, got, want_out, want_w, label, variants, mask=m, full_rows=full_rows,
+                     nan_message=_OVERFLOW if qq.max() > 100 else _FULL_NAN if m is full else None)
     passed(ex, "out (2, 3, 6) and weights (2, 3, 5) match "
                "mha_course.scaled_dot_product_attention without a mask, with a mask, with a "
                "fully masked query (zeros) and at large scores")
@@ -115,7 +133,7 @@ def check_causal_mask(fn) -> None:
     ex = "03.3"
     for T in (4, 1, 7):
         want = causal_mask(T)
-        got = call(ex, fn, (T,), ("T",))
+        got = call(ex, fn, (T,), ("T",), forbid=_OWN_CAUSAL)
         ones = np.ones((T, T), dtype=bool)
 
         def prop(arr, T=T):
@@ -155,7 +173,7 @@ def check_padding_mask(fn) -> None:
         want = padding_mask(lengths, S)
         L = np.asarray(lengths)[:, None, None]
         pos = np.arange(S)
-        got = call(ex, fn, (lengths, S), ("lengths", "S"))
+        got = call(ex, fn, (lengths, S), ("lengths", "S"), forbid=_OWN_PADDING)
         B = len(lengths)
         compare(
            ex, got, want, f"your mask for lengths {list(map(int, lengths))}, S={S}",
@@ -184,30 +202,30 @@ def check_masked_self_attention(fn) -> None:
     """Exercise 03.5: ``masked_self_attention(q, k, v, lengths)``: causal AND padding masks."""
     ex = "03.5"
     rng = np.random.default_rng(305)
-    q, k, v = attention_probes(rng, B=2, T=5, S=5, d_k=4, d_v=6)
-    lengths = [3, 5]
-    causal, pad = causal_mask(5), padding_mask(lengths, 5)
-    want_out, want_w = scaled_dot_product_attention(q, k, v, mask=causal & pad)
-    got = call(ex, fn, (q, k, v, lengths), ("q", "k", "v", "lengths"), hint=attention_hint)
+    for B, T, d_k, d_v, lengths in ((2, 5, 4, 6, [3, 5]), (3, 6, 9, 2, [6, 1, 4])):
+        q, k, v = attention_probes(rng, B=B, T=T, S=T, d_k=d_k, d_v=d_v)
+        causal, pad = causal_mask(T), padding_mask(lengths, T)
+        want_out, want_w = scaled_dot_product_attention(q, k, v, mask=causal & pad)
+        got = call(ex, fn, (q, k, v, lengths), ("q", "k", "v", "lengths"), hint=attention_hint)
 
-    def var(m, **kw):
-        return lambda: attention_variant(q, k, v, m, **kw)
+        def var(m, q=q, k=k, v=v, **kw):
+            return lambda: attention_variant(q, k, v, m, **kw)
 
-    variants = [
-        ("you applied only the causal mask: sequence 0 (length 3) still attends to its "
-         "padding keys 3 and 4. Combine both: causal_mask(T) & padding_mask(lengths, T)",
-         var(causal)),
-        ("you applied only the padding mask: queries still see future keys. Combine both "
-         "with &", var(pad)),
-        ("you combined the masks with | (or): a key must be allowed by BOTH masks, use &",
-         var(causal | pad)),
-        ("no mask had any effect", var(None)),
-        ("scores not scaled by √d_k", var(causal & pad, scale="none")),
-        ("mask applied after the softmax: set masked scores to -inf before it",
-         var(causal & pad, where="after")),
-    ]
-    compare_pair(ex, got, want_out, want_w, "for lengths [3, 5], T=S=5", variants,
-                 mask=causal & pad)
+        variants = [
+            (f"you applied only the causal mask: a sequence shorter than T={T} still attends to "
+             "its padding keys. Combine both: causal_mask(T) & padding_mask(lengths, T)",
+             var(causal)),
+            ("you applied only the padding mask: queries still see future keys. Combine both "
+             "with &", var(pad)),
+            ("you combined the masks with | (or): a key must be allowed by BOTH masks, use &",
+             var(causal | pad)),
+            ("no mask had any effect", var(None)),
+            ("scores not scaled by √d_k", var(causal & pad, scale="none")),
+            ("mask applied after the softmax: set masked scores to -inf before it",
+             var(causal & pad, where="after")),
+        ]
+        compare_pair(ex, got, want_out, want_w, f"for lengths {lengths}, T=S={T}", variants,
+                     mask=causal & pad)
     passed(ex, "out (2, 5, 6) and weights (2, 5, 5) match attention with causal_mask(5) & "
                "padding_mask([3, 5], 5): no future keys, no padding keys")
 

@@ -24,6 +24,20 @@ __all__ = [
     "check_split_heads",
 ]
 
+#: What exercises 04.1 to 04.5 ask to write, each forbidding the package's own version.
+_OWN_SPLIT = {"mha_course.split_heads": "split the heads yourself, with reshape and transpose"}
+_OWN_MERGE = {"mha_course.merge_heads": "merge the heads yourself, with transpose and reshape"}
+_OWN_FUSE = dict.fromkeys(
+    ["mha_course.MultiHeadAttention.from_per_head", "mha_course.heads.fuse_per_head"],
+    "lay the heads side by side yourself, with NumPy",
+)
+_OWN_COUNT = dict.fromkeys(["mha_course.param_count", "mha_course.MultiHeadAttention"],
+                           "count the parameters yourself, from the shapes")
+_OWN_LAYER = dict.fromkeys(
+    ["mha_course.MultiHeadAttention", "mha_course.lean.lean_forward"],
+    "write the multi-head forward yourself (mha_course.scaled_dot_product_attention is allowed)",
+)
+
 
 def check_split_heads(fn) -> None:
     """Exercise 04.1: ``split_heads(x, h)``: (B, T, h*d) -> (B, h, T, d)."""
@@ -32,7 +46,7 @@ def check_split_heads(fn) -> None:
     for B, T, h, d in ((2, 4, 3, 5), (1, 6, 2, 4)):
         x = rng.normal(size=(B, T, h * d))
         want = split_heads(x, h)
-        got = call(ex, fn, (x, h), ("x", "h"))
+        got = call(ex, fn, (x, h), ("x", "h"), forbid=_OWN_SPLIT)
         compare(
            ex, got, want, f"your heads for x {fmt_shape(x.shape)}, h={h}", "(B, h, T, d)",
            variants=[
@@ -56,7 +70,7 @@ def check_merge_heads(fn) -> None:
     for B, h, T, d in ((2, 3, 4, 5), (1, 2, 6, 4)):
         x = rng.normal(size=(B, h, T, d))
         want = merge_heads(x)
-        got = call(ex, fn, (x,), ("x",))
+        got = call(ex, fn, (x,), ("x",), forbid=_OWN_MERGE)
         compare(
            ex, got, want, f"your merged heads for x {fmt_shape(x.shape)}", "(B, T, h*d)",
            variants=[
@@ -74,23 +88,25 @@ def check_fuse_heads(fn) -> None:
     """Exercise 04.3: ``fuse_heads(W)``: per-head (h, d_model, d_k) -> fused (d_model, h*d_k)."""
     ex = "04.3"
     rng = np.random.default_rng(403)
-    h, d_model, d_k = 3, 10, 6
-    W = rng.normal(size=(h, d_model, d_k))
-    want = MultiHeadAttention.from_per_head(W, W, W, np.zeros((h * d_k, d_model))).W_q
-    got = call(ex, fn, (W,), ("W",))
-    compare(
-       ex, got, want, "your fused matrix", "(d_model, h*d_k)",
-       variants=[
-           ("reshape without the transpose: W.reshape(d_model, h*d_k) reads head 0's rows "
-            "across the columns. Move the head axis next to d_k first: "
-            "W.transpose(1, 0, 2).reshape(d_model, h*d_k)", lambda: W.reshape(d_model, -1)),
-           ("you interleaved the heads' columns: head i must occupy columns i*d_k:(i+1)*d_k; "
-            "use W.transpose(1, 0, 2), not (1, 2, 0)",
-            lambda: W.transpose(1, 2, 0).reshape(d_model, -1)),
-       ],
-       shape_hints={(h * d_model, d_k): "you stacked the heads' rows (axis 0); lay them side "
-                                        "by side (axis=1): np.concatenate(list(W), axis=1)"},
-    )
+    for h, d_model, d_k in ((3, 10, 6), (4, 6, 2), (1, 5, 3)):
+        W = rng.normal(size=(h, d_model, d_k))
+        want = MultiHeadAttention.from_per_head(W, W, W, np.zeros((h * d_k, d_model))).W_q
+        got = call(ex, fn, (W,), ("W",), forbid=_OWN_FUSE)
+        compare(
+           ex, got, want, f"your fused matrix for W {fmt_shape(W.shape)}", "(d_model, h*d_k)",
+           variants=[
+               ("reshape without the transpose: W.reshape(d_model, h*d_k) reads head 0's rows "
+                "across the columns. Move the head axis next to d_k first: "
+                "W.transpose(1, 0, 2).reshape(d_model, h*d_k)",
+                lambda W=W: W.reshape(W.shape[1], -1)),
+               ("you interleaved the heads' columns: head i must occupy columns "
+                "i*d_k:(i+1)*d_k; use W.transpose(1, 0, 2), not (1, 2, 0)",
+                lambda W=W: W.transpose(1, 2, 0).reshape(W.shape[1], -1)),
+           ],
+           shape_hints={(h * d_model, d_k): "you stacked the heads' rows (axis 0); lay them "
+                                            "side by side (axis=1): np.concatenate(list(W), "
+                                            "axis=1)"},
+        )
     passed(ex, "(3, 10, 6) -> (10, 18) matches MultiHeadAttention.from_per_head(...).W_q")
 
 
@@ -101,7 +117,8 @@ def check_param_count(fn) -> None:
                (10, 3, 6, 7, True), (12, 4, 2, 5, True)]
     for d_model, h, d_k, d_v, bias in configs:
         want = param_count(d_model, h, d_k, d_v, bias=bias)
-        got = call(ex, fn, (d_model, h, d_k, d_v, bias), ("d_model", "h", "d_k", "d_v", "bias"))
+        got = call(ex, fn, (d_model, h, d_k, d_v, bias), ("d_model", "h", "d_k", "d_v", "bias"),
+                   forbid=_OWN_COUNT)
         if isinstance(got, (bool, np.bool_)) or not isinstance(got, (numbers.Integral,
                                                                       np.integer)):
             raise fail(ex, f"you returned {got!r} ({type(got).__name__}); expected an int")
@@ -128,26 +145,26 @@ def check_param_count(fn) -> None:
     passed(ex, "five layer sizes, with and without biases, match mha_course.param_count")
 
 
-def check_mha_forward(fn) -> None:
-    """Exercise 04.5: ``mha_forward(x, W_q, W_k, W_v, W_o, mask=None)`` -> (out, weights)."""
-    ex = "04.5"
-    rng = np.random.default_rng(405)
-    B, T, d_model, h, d_k, d_v = 2, 4, 10, 3, 6, 7
+def _check_mha_config(ex, fn, rng, B, T, d_model, h, d_k, d_v) -> None:
+    """Exercise 04.5 on one layer size, without and with a causal mask."""
     x = rng.normal(size=(B, T, d_model))
     W_q, W_k = rng.normal(size=(2, h, d_model, d_k)) / np.sqrt(d_model)
     W_v = rng.normal(size=(h, d_model, d_v)) / np.sqrt(d_model)
     W_o = rng.normal(size=(h * d_v, d_model)) / np.sqrt(h * d_v)
     layer = MultiHeadAttention.from_per_head(W_q, W_k, W_v, W_o)
+    size = f" (h={h}, d_k={d_k}, d_v={d_v})" if h != 3 else ""
     for label, mask in (("without a mask", None), ("with a causal mask", causal_mask(T))):
+        label += size
         want_out, want_w = layer(x, mask=mask)
         kwargs = {} if mask is None else {"mask": mask}
         got = call(ex, fn, (x, W_q, W_k, W_v, W_o), ("x", "W_q", "W_k", "W_v", "W_o"), kwargs,
-                   hint=attention_hint)
+                   hint=attention_hint, forbid=_OWN_LAYER)
         pair(ex, got)
         swapped_pair(ex, got, want_out.shape, want_w.shape)
-        if np.shape(got[0]) == (B, T, h * d_v):
-            raise fail(ex, f"your output has shape {fmt_shape((B, T, h * d_v))}, the concatenated "
-                           "heads: you forgot the output projection, concat(heads) @ W_o")
+        if np.shape(got[0]) == (B, T, h * d_v) and h * d_v != d_model:
+            raise fail(ex, f"your output has shape {fmt_shape((B, T, h * d_v))}, the "
+                           "concatenated heads: you forgot the output projection, "
+                           "concat(heads) @ W_o")
 
         def var(mask=mask, **kw):
             return lambda: mha_variant(x, W_q, W_k, W_v, W_o, mask, **kw)
@@ -155,7 +172,8 @@ def check_mha_forward(fn) -> None:
         variants = [
             ("scores not scaled by √d_k: each head divides q·kᵀ by √d_k", var(scale="none")),
             ("you scaled by √d_model; each head scales by its own √d_k", var(scale="d_model")),
-            ("softmax over the wrong axis: normalise over the keys (the last axis)", var(axis=-2)),
+            ("softmax over the wrong axis: normalise over the keys (the last axis)",
+             var(axis=-2)),
             ("the heads are concatenated in reverse order: head i goes in columns "
              "i*d_v:(i+1)*d_v, which W_o's rows expect", var(order=-1)),
         ]
@@ -167,6 +185,14 @@ def check_mha_forward(fn) -> None:
                 props=[rows_sum_to_one(ex, f"your weights {label}")])
         compare(ex, got[0], want_out, f"your output {label}", "(B, T, d_model)",
                 variants=[(m, (lambda mk=mk: mk()[0])) for m, mk in variants])
+
+
+def check_mha_forward(fn) -> None:
+    """Exercise 04.5: ``mha_forward(x, W_q, W_k, W_v, W_o, mask=None)`` -> (out, weights)."""
+    ex = "04.5"
+    rng = np.random.default_rng(405)
+    for B, T, d_model, h, d_k, d_v in ((2, 4, 10, 3, 6, 7), (1, 5, 8, 2, 4, 3)):
+        _check_mha_config(ex, fn, rng, B, T, d_model, h, d_k, d_v)
     passed(ex, "out (2, 4, 10) and weights (2, 3, 4, 4) match "
                "MultiHeadAttention.from_per_head(...) with h=3, d_k=6, d_v=7, with and "
                "without a causal mask")
@@ -179,43 +205,50 @@ _NOT_THE_LAYER = dict.fromkeys(
 )
 
 
-def check_cross_attention(fn) -> None:
-    """Exercise 04.6: ``cross_attention(layer, x, context)`` -> (out, weights)."""
-    ex = "04.6"
-    rng = np.random.default_rng(406)
-    B, T, S, d_model = 2, 4, 5, 10
-    layer = MultiHeadAttention(d_model, 3, d_k=6, d_v=7, rng=rng)
-    x = rng.normal(size=(B, T, d_model))
-    context = rng.normal(size=(B, S, d_model))
+def _check_cross_config(ex, fn, layer, x, context) -> None:
+    """Exercise 04.6 on one layer and one pair of sequences."""
+    (B, T, _), S, h = x.shape, context.shape[-2], layer.h
     want_out, want_w = layer(x, context=context)
     got = call(ex, fn, (layer, x, context), ("layer", "x", "context"), hint=attention_hint,
                forbid=_NOT_THE_LAYER)
     pair(ex, got)
     swapped_pair(ex, got, want_out.shape, want_w.shape)
     shapes = {
-        (B, 3, T, T): "your weights are (B, h, T, T): keys and values must come from context "
+        (B, h, T, T): "your weights are (B, h, T, T): keys and values must come from context "
                       "(k = context @ W_k, v = context @ W_v), queries from x",
-        (B, 3, S, S): "your weights are (B, h, S, S): the queries must come from x "
+        (B, h, S, S): "your weights are (B, h, S, S): the queries must come from x "
                       "(q = x @ W_q); only keys and values come from context",
-        (B, 3, S, T): "you swapped the roles: queries come from x, keys and values from context",
+        (B, h, S, T): "you swapped the roles: queries come from x, keys and values from context",
     }
-    if np.shape(got[1]) in shapes:
+    if np.shape(got[1]) in shapes and np.shape(got[1]) != want_w.shape:
         raise fail(ex, f"Likely mistake: {shapes[np.shape(got[1])]}")
 
     def unscaled():
-        q = split_heads(x @ layer.W_q, layer.h)
-        k = split_heads(context @ layer.W_k, layer.h)
-        v = split_heads(context @ layer.W_v, layer.h)
+        q = split_heads(x @ layer.W_q, h)
+        k = split_heads(context @ layer.W_k, h)
+        v = split_heads(context @ layer.W_v, h)
         out, w = attention_variant(q, k, v, scale="none")
         return merge_heads(out) @ layer.W_o, w
 
+    label = "" if h == 3 else f" for h={h}, T={T}, S={S}"
     variants = [("scores not scaled by √d_k", unscaled)]
-    compare(ex, got[1], want_w, "your weights", "(B, h, T, S)",
+    compare(ex, got[1], want_w, "your weights" + label, "(B, h, T, S)",
             variants=[(m, (lambda mk=mk: mk()[1])) for m, mk in variants],
-            props=[rows_sum_to_one(ex, "your weights")])
-    compare(ex, got[0], want_out, "your output", "(B, T, d_model)",
+            props=[rows_sum_to_one(ex, "your weights" + label)])
+    compare(ex, got[0], want_out, "your output" + label, "(B, T, d_model)",
             variants=[(m, (lambda mk=mk: mk()[0])) for m, mk in variants],
-            shape_hints={(B, T, 3 * 7): "you forgot the output projection: merged heads @ "
-                                        "layer.W_o"})
+            shape_hints={(B, T, layer.W_o.shape[0]): "you forgot the output projection: "
+                                                     "merged heads @ layer.W_o"})
+
+
+def check_cross_attention(fn) -> None:
+    """Exercise 04.6: ``cross_attention(layer, x, context)`` -> (out, weights)."""
+    ex = "04.6"
+    rng = np.random.default_rng(406)
+    for B, T, S, d_model, h, d_k, d_v in ((2, 4, 5, 10, 3, 6, 7), (1, 3, 6, 8, 2, 5, 3)):
+        layer = MultiHeadAttention(d_model, h, d_k=d_k, d_v=d_v, rng=rng)
+        x = rng.normal(size=(B, T, d_model))
+        context = rng.normal(size=(B, S, d_model))
+        _check_cross_config(ex, fn, layer, x, context)
     passed(ex, "out (2, 4, 10) and weights (2, 3, 4, 5) match layer(x, context=context) "
                "for T=4 queries and S=5 context positions")

@@ -47,6 +47,9 @@ def attention_variant(q, k, v, mask=None, scale="sqrt", axis=-1, where="before",
 
 def attention_hint(exc):
     text = str(exc)
+    if "axes don't match array" in text:
+        return ("a transpose written for one rank (e.g. k.transpose(0, 2, 1) for 3-D arrays) "
+                "fails on another: swap only the last two axes, np.swapaxes(k, -1, -2)")
     if "matmul" in text or "mismatch" in text or "shapes" in text or "broadcast" in text:
         return ("a shape mismatch in a matmul: for batched arrays, k.T reverses ALL axes; swap "
                 "only the last two with np.swapaxes(k, -1, -2)")

@@ -9,11 +9,21 @@ Modules, each importing only the ones above it in this list:
 - ``notebooks``: reading and writing notebooks, cell metadata, exercise ids, ``ExerciseError``;
 - ``generate``: stubs, validating solution notebooks, ``generate`` and ``find_stale``;
 - ``bundle``: ``build_bundle`` and ``assign`` (exercises from several lessons in one notebook);
-- ``merge``: ``reference_for`` and ``merge_learner``, the notebook the checker runs;
+- ``merge``: ``reference_for`` and ``merge_learner``, the notebook the checker runs (the
+  learner's answers and own cells found where they put them);
 - ``verdicts``: per-cell records -> one verdict per exercise (pure functions);
-- ``nbval_plugin``: the pytest plugin of the nbval run (per-cell records, dead-kernel watch);
-- ``run``: running nbval in a subprocess, the backstop timeout, killing the process tree;
-- ``check``: ``check_notebook``, the loop of merge -> run -> verdicts;
-- ``report``: the text report, the summary table and the CSV;
+- ``sandbox``: the snapshot of the package each run gets a private copy of, the run's folders,
+  and the bubblewrap sandbox around the kernel;
+- ``kernel``: the kernel's entry point (the checks loaded before any learner code);
+- ``nbval_plugin``: the pytest plugin of the nbval run (per-cell records through a pipe, the
+  kernel it starts, dead-kernel watch);
+- ``run``: running nbval in a subprocess, the backstop timeout, stopping everything a run
+  started;
+- ``check``: ``Checker`` (the snapshots of one command) and ``check_notebook``, the loop of
+  merge -> run -> verdicts;
+- ``report``: the text report, folder mode's submissions and rows, the summary table, the CSV;
+- ``tidy``: notebook hygiene for maintainers;
 - ``cli``: the command line (``mha_course/__main__.py`` and the ``mha-course`` script).
+
+The trust model (what is isolated, what is not) is in the README's "Trust model" section.
 """

@@ -16,14 +16,15 @@ from .generate import exercise_ids, load_solutions, stub_source
 from .notebooks import ExerciseError, id_key, info, lesson_of, notebook_text
 
 
-def build_bundle(ids, solutions_dir: str | Path, stub: bool = True):
+def build_bundle(ids, solutions, stub: bool = True):
     """One notebook holding the chosen exercises (sorted by id) and the setup cells they need.
 
-    With ``stub=True`` it is the assignment handed out (stubs, no outputs); with ``stub=False`` it
-    is the reference the checker runs (solutions and their outputs). Both have the same cells,
+    ``solutions`` is the folder of solution notebooks, or what ``load_solutions`` returned.
+    With ``stub=True`` it is the assignment handed out (stubs, no outputs); with ``stub=False``
+    it is the reference the checker runs (solutions and their outputs). Both have the same cells,
     ids and metadata, so the checker maps one onto the other.
     """
-    solutions = load_solutions(solutions_dir)
+    solutions = load_solutions(solutions)
     known = exercise_ids(solutions)
     wanted = []
     for exercise in ids:

@@ -1,60 +1,147 @@
 """Checking a learner's notebook: the loop that merges, runs nbval and decides.
 
-:func:`check_notebook` finds the solution the learner's notebook answers, puts the learner's
-solution cells into a copy of it (:mod:`~mha_course.grading.merge`), runs strict nbval on the
-copy in a subprocess (:mod:`~mha_course.grading.run`) and turns nbval's per-cell records into one
-verdict per exercise (:mod:`~mha_course.grading.verdicts`). When the kernel dies during an
-exercise, the later exercises ran in a dead kernel: the notebook is run again with that
-exercise stubbed out, so a crash loses only the exercise that caused it.
+A :class:`Checker` is made once per command: it takes the snapshots every check of the batch
+runs against (the solutions, the package, nbval's sanitize file) and finds the sandbox. Its
+:meth:`Checker.check` finds the solution a learner's notebook answers, puts the learner's cells
+into a copy of it (:mod:`~mha_course.grading.merge`), runs strict nbval on the copy in a
+subprocess (:mod:`~mha_course.grading.run`) and turns nbval's per-cell records into one
+verdict per exercise (:mod:`~mha_course.grading.verdicts`). When the kernel is lost during an
+exercise (it died, or ignored the interrupt after a timeout), the later cells ran in a dead
+kernel: the notebook is run again with that exercise stubbed out, so a crash or a hang loses
+only the exercise that caused it, in a lesson notebook as in an assignment bundle.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from .generate import load_solutions
 from .merge import merge_learner, reference_for
 from .notebooks import course_root, info, read_notebook
-from .run import DEFAULT_TIMEOUT, run_nbval
+from .run import DEFAULT_TIMEOUT, Isolation, run_nbval
+from .sandbox import Library, find_sandbox
 from .verdicts import NotebookResult, Verdict, judge_run
 
+#: The package the checker belongs to: its snapshot is what every run imports.
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+MISSING = ("your notebook has no solution cell for this exercise (deleted?); copy the cell back "
+           "from the exercise notebook")
 
-def check_notebook(
-    path: str | Path,
-    solutions_dir: str | Path | None = None,
-    timeout: float = DEFAULT_TIMEOUT,
-    sanitize: Path | None = None,
-) -> NotebookResult:
-    """Check one learner notebook against its solution; never writes ``path``.
 
-    Raises
-    ------
-    ExerciseError
-        For a missing, broken or foreign notebook (the caller reports it and exits with 2).
-    """
-    path = Path(path)
-    root = course_root()
-    solutions_dir = Path(solutions_dir) if solutions_dir is not None else root / "solutions"
-    if sanitize is None and (root / "tests" / "nbval_sanitize.cfg").is_file():
-        sanitize = root / "tests" / "nbval_sanitize.cfg"
-    learner = read_notebook(path)
-    ref, label = reference_for(learner, path, solutions_dir)
-    result = NotebookResult(path=path, reference=label)
-    order = []
-    for cell in ref.cells:
-        exercise = info(cell).get("exercise")
-        if exercise and exercise not in order:
-            order.append(exercise)
-    decided: dict[str, Verdict] = {}
-    for _ in range(len(order) + 1):
-        merged, roles = merge_learner(ref, learner, stubbed=set(decided))
-        records, backstop = run_nbval(merged, timeout, sanitize)
-        run = judge_run(order, roles, records, timeout, backstop, decided)
-        if run.error:
-            result.error = run.error
-            return result
-        if run.lost_at is None or run.lost_at == order[-1] or backstop:
-            result.verdicts = list(run.verdicts.values())
-            return result
-        decided[run.lost_at] = run.verdicts[run.lost_at]  # run again with it stubbed out
-    result.verdicts = [decided.get(x, Verdict(x, "not checked")) for x in order]
-    return result
+@functools.lru_cache(maxsize=2)
+def package_snapshot(package_dir: str) -> Library:
+    """One snapshot of the package per process (it lives in memory, never re-read)."""
+    return Library.snapshot(package_dir)
+
+
+@dataclass
+class Checker:
+    """What every check of one command runs against, taken when the command starts."""
+
+    solutions: dict
+    solutions_dir: Path
+    isolation: Isolation
+    timeout: float = DEFAULT_TIMEOUT
+    #: Why learners' code runs unsandboxed ("" when it runs in the sandbox).
+    unsandboxed: str = ""
+    #: ``{path: bytes}`` of files no check may change (the solutions, the submissions).
+    watched: dict = field(default_factory=dict)
+
+    @classmethod
+    def create(cls, solutions_dir=None, timeout: float = DEFAULT_TIMEOUT, sandbox: bool = True,
+               hidden=(), sanitize: Path | None = None) -> Checker:
+        """Snapshot the solutions, the package and the sanitize file; find the sandbox.
+
+        ``hidden`` folders (the submissions) are hidden from the sandboxed kernel, as are the
+        course checkout, the solutions and the home folder.
+        """
+        root = course_root()
+        solutions_dir = Path(solutions_dir) if solutions_dir is not None else root / "solutions"
+        if sanitize is None and (root / "tests" / "nbval_sanitize.cfg").is_file():
+            sanitize = root / "tests" / "nbval_sanitize.cfg"
+        solutions = load_solutions(solutions_dir)
+        watched = {p: p.read_bytes() for p, _ in solutions.values()}
+        bwrap, why = find_sandbox(sandbox)
+        hidden = tuple(dict.fromkeys([root, solutions_dir, PACKAGE_DIR.parent, Path.home(),
+                                      *hidden]))
+        isolation = Isolation(package_snapshot(str(PACKAGE_DIR)),
+                              Path(sanitize).read_text(encoding="utf-8") if sanitize else None,
+                              bwrap, hidden)
+        return cls(solutions, solutions_dir, isolation, timeout, why, watched)
+
+    def watch(self, paths) -> None:
+        """Read ``paths`` (submissions) now, before any learner code runs.
+
+        :meth:`check` then grades these bytes, whatever a submission checked earlier writes to
+        a classmate's file, and :meth:`changed` reports such a write.
+        """
+        for path in paths:
+            try:
+                self.watched.setdefault(Path(path), Path(path).read_bytes())
+            except OSError:
+                continue
+
+    def changed(self) -> list[str]:
+        """Files changed on disk since the snapshots: the package, solutions, submissions.
+
+        In the sandbox nothing can change them; without it, a submission's code can, and the
+        command reports which (every verdict was computed from the snapshots regardless).
+        """
+        found = self.isolation.library.changed(PACKAGE_DIR)
+        for path, data in self.watched.items():
+            try:
+                same = path.read_bytes() == data
+            except OSError:
+                same = False
+            if not same:
+                found.append(str(path))
+        return found
+
+    def check(self, path: str | Path) -> NotebookResult:
+        """Check one learner notebook; never writes ``path``.
+
+        Raises
+        ------
+        ExerciseError
+            For a missing, broken or foreign notebook (the caller reports it).
+        """
+        path = Path(path)
+        learner = read_notebook(path, self.watched.get(path))  # as it was when the batch began
+        ref, label = reference_for(learner, path, self.solutions)
+        order = []
+        for cell in ref.cells:
+            exercise = info(cell).get("exercise")
+            if exercise and exercise not in order:
+                order.append(exercise)
+        decided: dict[str, Verdict] = {}
+        for _ in range(len(order) + 1):
+            merged = merge_learner(ref, learner, stubbed=set(decided))
+            records, backstop = run_nbval(merged.notebook, self.timeout, self.isolation)
+            run = judge_run(order, merged.roles, records, self.timeout, backstop, decided)
+            if run.error:
+                return NotebookResult(path, label, [Verdict(x, "error", run.error) for x in order],
+                                      error=run.error)
+            if (run.lost_at is None or run.lost_at == order[-1] or backstop
+                    or run.lost_at in decided):
+                break
+            decided[run.lost_at] = run.verdicts[run.lost_at]  # run again with it stubbed out
+        verdicts = dict(run.verdicts)
+        for exercise in merged.missing:
+            if exercise not in decided:
+                verdicts[exercise] = Verdict(exercise, "missing", MISSING)
+        for exercise, notes in merged.notes.items():
+            verdict = verdicts[exercise]
+            verdicts[exercise] = dataclasses.replace(verdict, notes=notes + verdict.notes)
+        return NotebookResult(path, label, [verdicts[x] for x in order])
+
+
+def check_notebook(path: str | Path, solutions_dir: str | Path | None = None,
+                   timeout: float = DEFAULT_TIMEOUT, sanitize: Path | None = None,
+                   sandbox: bool = True) -> NotebookResult:
+    """Check one learner notebook against its solution (a :class:`Checker` of its own)."""
+    checker = Checker.create(solutions_dir, timeout, sandbox, hidden=(Path(path).parent,),
+                             sanitize=sanitize)
+    return checker.check(path)

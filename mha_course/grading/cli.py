@@ -16,16 +16,18 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import re
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .bundle import assign
-from .check import check_notebook
+from .check import Checker
 from .generate import find_stale, generate
 from .notebooks import ExerciseError, course_root, notebook_text, read_notebook, sort_ids
-from .report import collect_submissions, csv_text, format_result, summary_table
+from .report import collect_submissions, combine, csv_text, format_result, summary_table
 from .run import DEFAULT_TIMEOUT
+from .sandbox import UNSANDBOXED
 from .tidy import problems, tidy
 
 
@@ -45,8 +47,10 @@ def _parser() -> argparse.ArgumentParser:
                      help="overwrite exercise notebooks even if they hold a learner's work")
 
     chk = sub.add_parser("check", help="check exercise notebooks, or folders of submissions")
-    chk.add_argument("paths", nargs="+", type=Path, metavar="PATH",
+    chk.add_argument("paths", nargs="*", type=Path, metavar="PATH",
                      help="a notebook, or a folder whose files/sub-folders are submissions")
+    chk.add_argument("--lesson", metavar="NN",
+                     help="check exercises/NN_*.ipynb (what `make check EX=NN` runs)")
     chk.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
                      help=f"stop a cell that runs longer than this (default {DEFAULT_TIMEOUT})")
     chk.add_argument("--csv", type=Path, metavar="FILE",
@@ -56,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     chk.add_argument("--solutions", type=Path, help="solution notebooks (default: solutions/)")
     chk.add_argument("--jobs", type=int, default=1, metavar="N",
                      help="check N notebooks at a time (default 1)")
+    chk.add_argument("--no-sandbox", action="store_true",
+                     help="run learners' code without the bubblewrap sandbox (see the README's "
+                          "trust model)")
 
     asg = sub.add_parser("assign", help="bundle chosen exercises into one notebook")
     asg.add_argument("ids", nargs="+", metavar="ID", help='exercise ids, e.g. 01.1 03.2 04.4')
@@ -93,16 +100,43 @@ def _generate(args) -> int:
     return 0
 
 
+def lesson_notebook(value: str, root: Path | None = None) -> Path:
+    """``exercises/NN_*.ipynb`` for ``make check EX=NN`` ("3" means "03"); else list the lessons.
+
+    Raises
+    ------
+    ExerciseError
+        Naming the lessons that have an exercise notebook.
+    """
+    folder = (root or course_root()) / "exercises"
+    lessons = sorted(p.name[:2] for p in folder.glob("[0-9][0-9]_*.ipynb"))
+    value = value.strip()
+    wanted = value.zfill(2) if value.isdigit() and len(value) <= 2 else value
+    matches = sorted(folder.glob(f"{wanted}_*.ipynb")) if re.fullmatch(r"\d\d", wanted) else []
+    if len(matches) == 1:
+        return matches[0]
+    choices = " ".join(lessons) or "(none)"
+    example = f" (e.g. make check EX={lessons[0]})" if lessons else ""
+    if not value:
+        raise ExerciseError(f"which lesson? pass EX=NN, one of: {choices}{example}")
+    raise ExerciseError(f"no exercise notebook for lesson {value!r} in {folder}; the lessons "
+                        f"are: {choices}{example}")
+
+
 def _check(args) -> int:
     if importlib.util.find_spec("nbval") is None:
         raise ExerciseError("nbval is not installed: run `pip install -e '.[test]'` "
-                               "(or `make check EX=NN`, which does it)")
+                            "(or `make check EX=NN`, which does it)")
     if args.jobs < 1:
         raise ExerciseError("--jobs must be at least 1")
     if args.timeout <= 0:
         raise ExerciseError("--timeout must be a positive number of seconds")
-    solutions = _solutions(args.solutions)
-    folder_mode = any(p.is_dir() for p in args.paths)
+    paths = list(args.paths)
+    if args.lesson is not None:
+        paths.append(lesson_notebook(args.lesson))
+    if not paths:
+        raise ExerciseError("nothing to check: give notebooks or folders (or --lesson NN)")
+    folder_mode = any(p.is_dir() for p in paths)
     csv_path = args.csv
     if csv_path is None and folder_mode:
         csv_path = Path("results.csv")
@@ -112,75 +146,95 @@ def _check(args) -> int:
             csv_path = None
     elif csv_path is not None and csv_path.exists() and not args.force:
         raise ExerciseError(f"{csv_path} already exists; use --force to overwrite it")
-
-    if not folder_mode:  # one report per notebook; a bad file gives exit code 2
-        code = 0
-        rows = {}
-        with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-            futures = [(p, pool.submit(check_notebook, p, solutions, args.timeout))
-                       for p in args.paths]
-            for path, future in futures:
-                try:
-                    result = future.result()
-                except ExerciseError as exc:
-                    print(f"error: {exc}", file=sys.stderr, flush=True)
-                    code = 2
-                    continue
-                print(format_result(result, args.timeout), flush=True)
-                code = max(code, 0 if result.all_passed else 1)
-                rows[path.stem] = {v.exercise: v.status for v in result.verdicts}
-        if csv_path is not None:
-            _write_csv(csv_path, rows)
-        return code
-
-    submissions = collect_submissions(args.paths)
-    if not submissions:
-        raise ExerciseError("no submissions found (no .ipynb files or sub-folders)")
-    def check_one(path):
-        try:
-            return check_notebook(path, solutions, args.timeout)
-        except ExerciseError as exc:
-            return exc
-
-    rows: dict[str, dict[str, str]] = {}
-    code = 0
-    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = [(name, [(p, pool.submit(check_one, p)) for p in notebooks])
-                   for name, notebooks in submissions]
-        for name, pending in futures:  # print in submission order as the results come in
-            statuses: dict[str, str] = {}
-            print(f"== {name}", flush=True)
-            if not pending:
-                print("  ERROR: no notebooks in this submission")
-                code = 1
-            for _, future in pending:
-                result = future.result()
-                if isinstance(result, ExerciseError):
-                    print(f"  ERROR: {result}", flush=True)
-                    code = 1
-                    continue
-                report = format_result(result, args.timeout)
-                print("  " + report.replace("\n", "\n  "), flush=True)
-                if not result.all_passed:
-                    code = 1
-                for v in result.verdicts:
-                    statuses[v.exercise] = v.status
-            rows[name] = statuses or {"": "error"}
-    print()
-    exercises = sort_ids(x for s in rows.values() for x in s if x)
-    for name in rows:
-        if rows[name] == {"": "error"}:
-            rows[name] = {x: "error" for x in exercises}
-    print(summary_table(rows, exercises))
-    if csv_path is not None:
-        _write_csv(csv_path, rows, exercises)
+    hidden = [p if p.is_dir() else p.parent for p in paths]
+    checker = Checker.create(_solutions(args.solutions), args.timeout,
+                             sandbox=not args.no_sandbox, hidden=hidden)
+    if checker.unsandboxed:
+        print("note: " + UNSANDBOXED.format(reason=checker.unsandboxed), file=sys.stderr,
+              flush=True)
+    if folder_mode:
+        code = _check_folder(args, paths, checker, csv_path)
+    else:
+        code = _check_files(args, paths, checker, csv_path)
+    changed = checker.changed()
+    if changed:  # by an editor's autosave, or by a submission's code without a sandbox
+        print("warning: these files changed on disk during the check (every verdict above used "
+              "the copies taken at the start; without a sandbox a submission's code can write "
+              "files): " + ", ".join(changed), file=sys.stderr, flush=True)
     return code
 
 
-def _write_csv(path: Path, rows, exercises=None) -> None:
-    if exercises is None:
-        exercises = sort_ids(x for s in rows.values() for x in s)
-    path.write_text(csv_text(rows, exercises), encoding="utf-8")
+def _check_files(args, paths, checker, csv_path) -> int:
+    """One report per notebook; a bad file gives exit code 2."""
+    checker.watch(paths)
+    code = 0
+    rows = []
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = [(p, pool.submit(checker.check, p)) for p in paths]
+        for path, future in futures:
+            try:
+                result = future.result()
+            except ExerciseError as exc:
+                print(f"error: {exc}", file=sys.stderr, flush=True)
+                code = 2
+                continue
+            print(format_result(result, args.timeout), flush=True)
+            code = max(code, 0 if result.all_passed else 1)
+            rows.append(combine(path.stem, [(path, result)]))
+    if csv_path is not None:
+        _write_csv(csv_path, rows)
+    return code
+
+
+def _check_folder(args, paths, checker, csv_path) -> int:
+    """Each file or sub-folder of the folders is a submission: reports, then one table."""
+    submissions = collect_submissions(paths)
+    if not submissions:
+        raise ExerciseError("no submissions found (no .ipynb files or sub-folders)")
+    checker.watch(p for sub in submissions for p in sub.notebooks)
+
+    def check_one(path):
+        try:
+            return checker.check(path)
+        except ExerciseError as exc:
+            return exc
+
+    rows, code = [], 0
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = [(sub, [(p, pool.submit(check_one, p)) for p in sub.notebooks])
+                   for sub in submissions]
+        for sub, pending in futures:  # print in submission order as the results come in
+            print(f"== {sub.name}", flush=True)
+            results = []
+            for path, future in pending:
+                result = future.result()
+                results.append((path, result))
+                if isinstance(result, ExerciseError):
+                    print(f"  ERROR: {result}", flush=True)
+                    continue
+                print("  " + format_result(result, args.timeout).replace("\n", "\n  "),
+                      flush=True)
+            row = combine(sub.name, results)
+            for note in row.notes:
+                if not note.startswith(tuple(f"{p.name}: ERROR" for p, _ in results)):
+                    print(f"  note: {note}", flush=True)
+            if not results:
+                print("  ERROR: no notebooks in this submission", flush=True)
+            rows.append(row)
+            if row.unreadable or any(s != "passed" for s in row.statuses.values()):
+                code = 1
+    print()
+    columns = sort_ids(x for row in rows for x in row.statuses)
+    print(summary_table(rows, columns))
+    if csv_path is not None:
+        _write_csv(csv_path, rows, columns)
+    return code
+
+
+def _write_csv(path: Path, rows, columns=None) -> None:
+    if columns is None:
+        columns = sort_ids(x for row in rows for x in row.statuses)
+    path.write_text(csv_text(rows, columns), encoding="utf-8")
     print(f"wrote {path}")
 
 

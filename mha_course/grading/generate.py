@@ -224,12 +224,23 @@ def find_stale(solutions_dir: str | Path, exercises_dir: str | Path) -> list[str
     return stale
 
 
-def load_solutions(solutions_dir: str | Path) -> dict[str, tuple[Path, nbformat.NotebookNode]]:
-    """Return ``{lesson: (path, notebook)}`` for every valid solution notebook."""
+def load_solutions(solutions) -> dict[str, tuple[Path, nbformat.NotebookNode]]:
+    """Return ``{lesson: (path, notebook)}`` for every valid solution notebook.
+
+    ``solutions`` is the folder, or such a dict already loaded (returned as it is): the checker
+    loads the solutions once and checks every submission against that snapshot, so a file
+    changed on disk during a batch changes no verdict.
+    """
+    if isinstance(solutions, dict):
+        return solutions
     found = {}
-    for path in solution_paths(solutions_dir):
+    for path in solution_paths(solutions):
         nb = read_notebook(path)
-        found[validate_solution_notebook(nb, path)] = (path, nb)
+        lesson = validate_solution_notebook(nb, path)
+        if lesson in found:
+            raise ExerciseError(f"{solutions}: two solution notebooks for lesson {lesson}: "
+                                f"{found[lesson][0].name} and {path.name}")
+        found[lesson] = (path, nb)
     return found
 
 

@@ -1,34 +1,51 @@
-"""The notebook the checker runs: the reference with the learner's solution cells put in.
+"""The notebook the checker runs: the reference with the learner's cells put in.
 
 :func:`reference_for` finds the solution notebook (or, for an assignment, builds the bundle of
 solutions) that a learner's notebook answers; :func:`merge_learner` copies it and puts in the
-learner's solution cells, so every output compared is the solution's, never the learner's saved
-one, and the learner's file is never written.
+learner's answers, so every output compared is the solution's, never the learner's saved one,
+and the learner's file is never written.
+
+Answers are found where learners put them (:func:`classify`, pure):
+
+- a learner's cell is matched to the reference by cell id first (so a cell whose metadata was
+  lost still counts), then by its exercise metadata (a copied cell keeps it);
+- the learner's own code cells (imports, helpers: no metadata, no id or source of the
+  reference) run too, in the notebook's order, just before the answer or check cell that
+  follows them; own cells after the learner's last answer are not run;
+- an answer wins over a cell that still holds the stub; several answers all run, in order (as
+  they would in the notebook, so the last definition is the one checked), with a note;
+- an exercise whose solution cell is gone from the learner's notebook is reported "missing".
 """
 
 from __future__ import annotations
 
 import copy
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import nbformat
+
 from .bundle import build_bundle
-from .generate import stub_source, validate_solution_notebook
+from .generate import load_solutions, stub_source
 from .notebooks import (
     ID_RE,
     LESSON_RE,
     CellRole,
     ExerciseError,
+    first_line,
     info,
+    is_stub,
     lesson_of,
     nb_info,
-    read_notebook,
     sort_ids,
 )
 
 
-def reference_for(learner_nb, path: Path, solutions_dir: str | Path):
+def reference_for(learner_nb, path: Path, solutions):
     """Return ``(reference notebook, label)``: the solution (or bundle) the learner's file is for.
+
+    ``solutions`` is the folder of solution notebooks or what ``load_solutions`` returned.
 
     Raises
     ------
@@ -41,7 +58,7 @@ def reference_for(learner_nb, path: Path, solutions_dir: str | Path):
         if not isinstance(assignment, list) or not all(isinstance(x, str) for x in assignment):
             raise ExerciseError(f"{path}: metadata mha_course.assignment is not a list of ids")
         label = f"the solutions of exercises {' '.join(sort_ids(assignment))}"
-        return build_bundle(assignment, solutions_dir, stub=False), label
+        return build_bundle(assignment, solutions, stub=False), label
     lesson = meta.get("lesson")
     if lesson is None:
         lessons = {lesson_of(info(c)["exercise"]) for c in learner_nb.cells
@@ -54,75 +71,194 @@ def reference_for(learner_nb, path: Path, solutions_dir: str | Path):
         raise ExerciseError(
             f"{path}: not a course exercise notebook (no mha_course metadata and no exercise cells)"
         )
-    matches = sorted(Path(solutions_dir).glob(f"{lesson}_*.ipynb"))
-    if len(matches) != 1:
-        raise ExerciseError(
-            f"{path}: lesson {lesson}: expected one solution notebook "
-            f"{solutions_dir}/{lesson}_*.ipynb, found {len(matches)}"
-        )
-    ref = read_notebook(matches[0])
-    validate_solution_notebook(ref, matches[0])
+    loaded = load_solutions(solutions)
+    if lesson not in loaded:
+        known = " ".join(sorted(loaded)) or "(none)"
+        raise ExerciseError(f"{path}: lesson {lesson} has no solution notebook "
+                            f"(the lessons with exercises are {known})")
+    solution_path, ref = loaded[lesson]
     try:
-        label = str(matches[0].resolve().relative_to(Path.cwd().resolve()))
+        label = str(solution_path.resolve().relative_to(Path.cwd().resolve()))
     except ValueError:
-        label = str(matches[0])
-    return ref, label
+        label = str(solution_path)
+    return copy.deepcopy(ref), label
 
 
 _MARKER_RE = re.compile(r"^\s*#+\s*(NBVAL_\w+|PYTEST_VALIDATE_\w+)\s*$", re.MULTILINE)
 
 
-def merge_learner(ref, learner, stubbed=()):
-    """The notebook the checker runs: ``ref`` with the learner's solution cells put in.
+@dataclass
+class LearnerCell:
+    """A code cell of the learner's notebook that the checker will run (see :func:`classify`).
 
-    Learner cells are matched by cell id first, then by exercise id and position among that
-    exercise's solution cells. A missing cell, or an exercise in ``stubbed``, gets the stub.
-    Solution cells are tagged ``nbval-ignore-output`` (a learner's print must not fail them);
-    nbval markers in the learner's code are neutralised. Returns ``(notebook, roles by code
-    cell index)``.
+    ``kind`` is "answer" (for ``exercise``; ``target`` is the id of the reference solution cell
+    it replaces when matched by id), "check" (a check cell: only a place marker) or "own".
+    ``number`` counts the learner's cells from 1, for messages.
+    """
+
+    number: int
+    source: str
+    kind: str
+    exercise: str | None = None
+    target: str | None = None
+    label: str = ""
+
+
+@dataclass
+class Merged:
+    """What :func:`merge_learner` returns: the notebook to run and what each code cell is."""
+
+    notebook: nbformat.NotebookNode
+    roles: list[CellRole]
+    #: Exercises with no solution cell at all in the learner's notebook.
+    missing: set = field(default_factory=set)
+    #: Notes per exercise (several answers), for the report.
+    notes: dict = field(default_factory=dict)
+
+
+def _norm(source: str) -> str:
+    return "\n".join(line.rstrip() for line in source.strip().split("\n"))
+
+
+def classify(ref, learner) -> list[LearnerCell]:
+    """The learner's code cells that matter, in their order, each an answer, a check or own."""
+    by_id = {c.get("id"): c for c in ref.cells if c.get("id")}
+    solution_exercises = {info(c)["exercise"] for c in ref.cells
+                          if info(c).get("role") == "solution"}
+    ref_sources = {_norm(c.source) for c in ref.cells if c.cell_type == "code"}
+    found = []
+    for number, cell in enumerate(learner.cells, start=1):
+        if cell.cell_type != "code" or not cell.source.strip():
+            continue
+        ref_cell = by_id.get(cell.get("id")) if cell.get("id") else None
+        meta = info(ref_cell) if ref_cell is not None else info(cell)
+        role, exercise = meta.get("role"), meta.get("exercise")
+        if ref_cell is not None and ref_cell.cell_type != "code":
+            role = None
+        if role == "solution" and exercise in solution_exercises:
+            target = cell.get("id") if ref_cell is not None else None
+            found.append(LearnerCell(number, cell.source, "answer", exercise, target))
+        elif role == "check" and exercise in solution_exercises:
+            found.append(LearnerCell(number, cell.source, "check", exercise))
+        elif _norm(cell.source) in ref_sources:
+            continue  # a reference cell (its id lost, or unchanged): the reference's runs
+        elif role == "setup":
+            label = f"your changed setup cell `{first_line(cell.source)}`"
+            found.append(LearnerCell(number, cell.source, "own", label=label))
+        elif ref_cell is None:
+            found.append(LearnerCell(number, cell.source, "own",
+                                     label=f"your cell `{first_line(cell.source)}`"))
+    return found
+
+
+def _groups(cells: list[LearnerCell]) -> dict[str, list[LearnerCell]]:
+    """``{exercise: cells}``: each own cell joins the exercise of the next answer or check."""
+    groups, pending = {}, []
+    for cell in cells:
+        if cell.kind == "own":
+            pending.append(cell)
+            continue
+        group = groups.setdefault(cell.exercise, [])
+        for own in pending:
+            own.exercise = cell.exercise
+        group += pending
+        pending = []
+        if cell.kind == "answer":
+            group.append(cell)
+    return groups
+
+
+def _code_cell(source: str, cell_id: str):
+    cell = nbformat.v4.new_code_cell(source)
+    cell.id = cell_id
+    cell.metadata["tags"] = ["nbval-ignore-output"]
+    return cell
+
+
+def merge_learner(ref, learner, stubbed=()) -> Merged:
+    """The notebook the checker runs: ``ref`` with the learner's answers and own cells put in.
+
+    See the module docstring for how cells are found. An exercise in ``stubbed`` (one that
+    killed the kernel in an earlier run) gets its stub and none of the learner's cells. Every
+    learner cell is tagged ``nbval-ignore-output`` (what it prints is not compared) and nbval
+    markers in it are neutralised.
     """
     merged = copy.deepcopy(ref)
-    by_id, by_exercise = {}, {}
-    for cell in learner.cells:
-        meta = info(cell)
-        if cell.cell_type != "code" or meta.get("role") != "solution":
+    groups = _groups(classify(ref, learner))
+    solution_ids: dict[str, list[str]] = {}
+    for cell in merged.cells:
+        if info(cell).get("role") == "solution":
+            solution_ids.setdefault(info(cell)["exercise"], []).append(cell.get("id"))
+    plan: dict[str | None, list[LearnerCell]] = {}  # reference cell id -> the cells put there
+    missing, notes = set(), {}
+    for exercise, ids in solution_ids.items():
+        group = groups.get(exercise, [])
+        answers = [c for c in group if c.kind == "answer"]
+        if exercise in stubbed:
             continue
-        if cell.get("id"):
-            by_id[cell.id] = (meta.get("exercise"), cell)
-        by_exercise.setdefault(meta.get("exercise"), []).append(cell)
-    roles, position, current = [], {}, None
+        if not answers:
+            missing.add(exercise)
+            continue
+        per_cell = {i: [c for c in answers if c.target == i] for i in ids}
+        free = [c for c in answers if c.target not in per_cell]
+        for i in ids:  # answers without a matching id fill the solution cells in order
+            if not per_cell[i] and free:
+                per_cell[i] = [free.pop(0)]
+        if free:
+            per_cell[ids[-1]] += free
+        for i in ids:
+            per_cell[i].sort(key=lambda c: c.number)  # the learner's order
+            real = [c for c in per_cell[i] if not is_stub(c.source, exercise)]
+            chosen = real or per_cell[i][:1]
+            if len(real) > 1:
+                numbers = ", ".join(str(c.number) for c in real[:-1]) + f" and {real[-1].number}"
+                notes.setdefault(exercise, []).append(
+                    f"cells {numbers} of your notebook all answer Exercise {exercise}; they "
+                    "ran in that order, so the last one's definitions were checked")
+            for n, c in enumerate(chosen, start=1):
+                c.label = "your solution cell" + (
+                    f" (cell {c.number}, answer {n} of {len(chosen)})" if len(chosen) > 1 else "")
+            plan[i] = chosen
+        own = [c for c in group if c.kind == "own"] if any(
+            not is_stub(c.source, exercise) for c in answers) else []
+        plan[ids[0]] = sorted(own + plan.get(ids[0], []), key=lambda c: c.number)
+
+    cells, roles, current, extra = [], [], None, 0
     for cell in merged.cells:
         meta = info(cell)
         if meta.get("exercise"):
             current = meta["exercise"]
         if cell.cell_type != "code":
+            cells.append(cell)
             continue
         role = meta.get("role", "text")
-        first_line = next((s.strip() for s in cell.source.split("\n") if s.strip()), "")
-        if role == "solution":
-            exercise = meta["exercise"]
-            k = position.get(exercise, 0)
-            position[exercise] = k + 1
-            found = by_id.get(cell.get("id"))
-            if found is not None and found[0] == exercise:
-                source = found[1].source
-            elif k < len(by_exercise.get(exercise, [])):
-                source = by_exercise[exercise][k].source
+        if role != "solution":
+            cells.append(cell)
+            line = first_line(cell.source)
+            label = {"check": f"the check cell `{line}`",
+                     "setup": f"the setup cell `{line}`"}.get(role, f"the cell `{line}`")
+            roles.append(CellRole(None if role == "setup" else current, role, label))
+            continue
+        exercise = meta["exercise"]
+        put = plan.get(cell.get("id"), [])
+        if not any(item.kind == "answer" for item in put):  # stubbed, missing, not filled
+            stub = stub_source(cell.source, exercise, meta["task"])
+            put = [*put, LearnerCell(0, stub, "answer", exercise, label="your solution cell")]
+        first_answer = True
+        for item in put:
+            source = _MARKER_RE.sub(r"# (\1 ignored by the checker)", item.source)
+            if item.kind == "answer" and first_answer:
+                first_answer = False
+                out = cell
+                out.source = source
+                tags = [t for t in out.metadata.get("tags", []) if not t.startswith("nbval-")
+                        and t != "raises-exception"]
+                out.metadata["tags"] = tags + ["nbval-ignore-output"]
             else:
-                source = None
-            if source is None or exercise in stubbed:
-                source = stub_source(cell.source, exercise, meta["task"])
-            cell.source = _MARKER_RE.sub(r"# (\1 ignored by the checker)", source)
-            tags = [t for t in cell.metadata.get("tags", []) if not t.startswith("nbval-")]
-            cell.metadata["tags"] = tags + ["nbval-ignore-output"]
-            label = "your solution cell"
-        elif role == "check":
-            label = f"the check cell `{first_line}`"
-        elif role == "setup":
-            label = f"the setup cell `{first_line}`"
-        else:
-            label = f"the cell `{first_line[:60]}`"
-        owner = None if role == "setup" else current
-        roles.append(CellRole(owner, role, label))
-    return merged, roles
-
+                extra += 1
+                out = _code_cell(source, f"mha-course-learner-{extra}")
+            cells.append(out)
+            roles.append(CellRole(exercise, "own" if item.kind == "own" else "solution",
+                                  item.label))
+    merged.cells = cells
+    return Merged(merged, roles, missing, notes)

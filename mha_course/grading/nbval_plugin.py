@@ -1,43 +1,119 @@
 """The pytest plugin of the checker's nbval run (``-p mha_course.grading.nbval_plugin``).
 
-Loaded by :func:`mha_course.grading.run.run_nbval_once` next to ``-p nbval.plugin``. With
-``--mha-report PATH`` it
+Loaded by :func:`mha_course.grading.run.run_nbval_once` next to ``-p nbval.plugin``. It
 
-- records, for every notebook cell nbval runs, whether it passed, nbval's message, the error the
-  kernel reported and the text the cell printed against the text it should have printed, as
-  one JSON line per cell appended to PATH;
+- with ``--mha-report-fd N`` (a pipe the checker opened) or ``--mha-report PATH``, records for
+  every notebook cell nbval runs whether it passed, nbval's message, the error the kernel
+  reported and the text the cell printed against the text it should have printed, as one JSON
+  line per cell (every text capped at :data:`TEXT_CAP` characters, so a 5 MB print stays
+  small);
+- with ``--mha-kernel SPEC.json``, starts the kernel the checker describes there (its command,
+  which may be a bubblewrap sandbox, its working folder, its transport) instead of nbval's;
 - makes nbval notice a dead kernel within a second, instead of waiting for the cell timeout:
   the cell then fails with a message containing ``MHA_COURSE_KERNEL_DIED``.
 
-The path is a command-line option, not an environment variable, so the kernel (which inherits
-the environment of the pytest process) is not told where the report is. Without the option
-the plugin does nothing.
+The report goes to a pipe that only the pytest process holds: jupyter_client starts the kernel
+with every other file descriptor closed, the environment names nothing, and in the sandbox the
+kernel cannot see this process at all. Without these options the plugin does nothing.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
+import os
+import subprocess
+import sys
 import time
 from queue import Empty
 
 import pytest
 
-from .verdicts import KERNEL_DIED
+from .verdicts import KERNEL_DIED, cap_line
 
 try:
+    import nbval.kernel as nbval_kernel
+    from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
+    from jupyter_client.manager import KernelManager
     from nbval.kernel import RunningKernel
 except ImportError:  # another nbval: it keeps its own behaviour (the cell timeout)
-    RunningKernel = None
+    nbval_kernel = RunningKernel = None
+
+#: At most this many characters of any text in a record (the rest is replaced by a count).
+TEXT_CAP = 20_000
 
 
 def pytest_addoption(parser) -> None:
     parser.addoption("--mha-report", metavar="PATH", default=None,
                      help="mha-course checker: append one JSON line per notebook cell to PATH")
+    parser.addoption("--mha-report-fd", metavar="FD", type=int, default=None,
+                     help="mha-course checker: write one JSON line per notebook cell to FD")
+    parser.addoption("--mha-kernel", metavar="SPEC", default=None,
+                     help="mha-course checker: start the kernel described in this JSON file")
 
 
 def pytest_configure(config) -> None:
-    if config.getoption("mha_report"):
-        watch_for_a_dead_kernel()
+    fd, path = config.getoption("mha_report_fd"), config.getoption("mha_report")
+    if fd is not None:
+        config.mha_report = os.fdopen(fd, "w", encoding="utf-8")
+        keep_out_of_proc()
+    elif path:
+        config.mha_report = open(path, "a", encoding="utf-8")  # noqa: SIM115 (closed at exit)
+    else:
+        return
+    watch_for_a_dead_kernel()
+    spec = config.getoption("mha_kernel")
+    if spec:
+        with open(spec, encoding="utf-8") as f:
+            start_kernels_from(json.load(f))
+
+
+def keep_out_of_proc() -> None:
+    """Linux: make this process non-dumpable, so that a kernel running as the same (non-root)
+    user cannot open the report pipe through ``/proc/<pid>/fd``. The sandbox does more: the
+    kernel cannot see this process at all."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+        except (OSError, AttributeError):
+            pass
+
+
+def pytest_unconfigure(config) -> None:
+    report = getattr(config, "mha_report", None)
+    if report is not None:
+        report.close()
+
+
+def start_kernels_from(spec: dict) -> None:
+    """Make nbval start every kernel from ``spec`` (see ``sandbox.kernel_spec``)."""
+    if nbval_kernel is None:
+        return
+    kernel_spec = KernelSpec(argv=spec["argv"], env=spec.get("env", {}), language="python",
+                             display_name="mha-course checker",
+                             interrupt_mode=spec.get("interrupt_mode", "signal"))
+
+    class Specs(KernelSpecManager):
+        def get_kernel_spec(self, kernel_name):
+            return kernel_spec
+
+    def start_new_kernel(startup_timeout=60, kernel_name="python", **kwargs):
+        kwargs.update(cwd=spec["cwd"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        km = KernelManager(kernel_name="mha-course", kernel_spec_manager=Specs(),
+                           transport=spec.get("transport", "tcp"), ip=spec["ip"],
+                           connection_file=spec["connection_file"])
+        km.start_kernel(**kwargs)
+        kc = km.client()
+        kc.start_channels()
+        try:
+            kc.wait_for_ready(timeout=startup_timeout)
+        except RuntimeError:
+            kc.stop_channels()
+            km.shutdown_kernel(now=True)
+            raise
+        return km, kc
+
+    nbval_kernel.start_new_kernel = start_new_kernel
 
 
 def watch_for_a_dead_kernel() -> None:
@@ -65,6 +141,25 @@ def watch_for_a_dead_kernel() -> None:
     RunningKernel.await_reply = await_reply
 
 
+def cap(text, limit: int = TEXT_CAP) -> str:
+    """``text`` (made a string) cut to ``limit`` characters, saying how many more there were."""
+    return cap_line(text if isinstance(text, str) else str(text), limit)
+
+
+def cap_output(text: str, line_limit: int = 2_000, lines: int = 100) -> str:
+    """Printed ``text`` with each line cut to ``line_limit`` characters and at most ``lines``
+    lines (the first and the last halves): a check's own line after a 5 MB print survives.
+
+    >>> cap_output("a" * 10 + "\\nok\\n", line_limit=4)
+    'aaaa... (6 more characters)\\nok\\n'
+    """
+    parts = [cap_line(line, line_limit) for line in text.split("\n")]
+    if len(parts) > lines:
+        half = lines // 2
+        parts = parts[:half] + [f"... ({len(parts) - 2 * half} more lines)"] + parts[-half:]
+    return "\n".join(parts)
+
+
 def output_text(outputs) -> str:
     """What a list of notebook outputs shows as text: streams and ``text/plain`` results."""
     parts = []
@@ -86,23 +181,23 @@ def cell_record(item, call) -> dict:
     record = {"cell": item.cell_num, "ok": True, "message": "", "error": None}
     if call.excinfo is not None and not call.excinfo.errisinstance(pytest.skip.Exception):
         record["ok"] = False
-        record["message"] = str(call.excinfo.value)
+        record["message"] = cap(str(call.excinfo.value))
     outputs = getattr(item, "test_outputs", None) or []
     for out in outputs:
         if out.get("output_type") == "error":
             record["error"] = {
-                "ename": out.get("ename", ""),
-                "evalue": out.get("evalue", ""),
-                "traceback": list(out.get("traceback", [])),
+                "ename": cap(out.get("ename", ""), 200),
+                "evalue": cap(out.get("evalue", "")),
+                "traceback": [cap(t, 2_000) for t in list(out.get("traceback", []))[:40]],
             }
-    record["got"] = output_text(outputs)
-    record["expected"] = output_text(item.cell.get("outputs"))
+    record["got"] = cap_output(output_text(outputs))
+    record["expected"] = cap_output(output_text(item.cell.get("outputs")))
     return record
 
 
 def pytest_runtest_makereport(item, call):  # returns None: pytest still makes its own report
-    path = item.config.getoption("mha_report")
-    if not path or call.when != "call" or not hasattr(item, "cell_num"):
+    report = getattr(item.config, "mha_report", None)
+    if report is None or call.when != "call" or not hasattr(item, "cell_num"):
         return
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(cell_record(item, call)) + "\n")
+    report.write(json.dumps(cell_record(item, call)) + "\n")
+    report.flush()

@@ -50,16 +50,25 @@ def course_root() -> Path:
     return Path.cwd()
 
 
-def read_notebook(path: str | Path) -> nbformat.NotebookNode:
-    """Read a notebook, or raise :class:`ExerciseError` with a one-line reason."""
+def read_notebook(path: str | Path, data: bytes | None = None) -> nbformat.NotebookNode:
+    """Read a notebook, or raise :class:`ExerciseError` with a one-line reason.
+
+    ``data``, when given, is the file's content read earlier (the checker reads every
+    submission before it runs any): ``path`` then only names it in messages.
+    """
     path = Path(path)
-    if not path.exists():
-        raise ExerciseError(f"{path}: no such file")
-    if path.is_dir():
-        raise ExerciseError(f"{path}: is a folder, not a notebook")
+    if data is None:
+        if not path.exists():
+            raise ExerciseError(f"{path}: no such file")
+        if path.is_dir():
+            raise ExerciseError(f"{path}: is a folder, not a notebook")
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise ExerciseError(f"{path}: cannot read it ({exc})") from None
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
         raise ExerciseError(f"{path}: cannot read it ({exc})") from None
     try:
         data = json.loads(text)
@@ -70,6 +79,12 @@ def read_notebook(path: str | Path) -> nbformat.NotebookNode:
         ) from None
     if not isinstance(data, dict) or not isinstance(data.get("cells"), list):
         raise ExerciseError(f"{path}: not a notebook: no list of cells in the JSON")
+    version = data.get("nbformat")
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise ExerciseError(f'{path}: not a notebook: the JSON has no "nbformat" version number')
+    if version < 4:
+        raise ExerciseError(f"{path}: a notebook of format version {version}; open and save it "
+                            "in JupyterLab to convert it to version 4")
     try:
         return nbformat.reads(text, as_version=4)
     except Exception as exc:  # nbformat raises several types for malformed notebooks
@@ -116,6 +131,28 @@ def sort_ids(ids) -> list[str]:
     ['01.9', '01.10', '03.2']
     """
     return sorted(set(ids), key=id_key)
+
+
+def is_stub(source: str, exercise: str) -> bool:
+    """Whether a solution cell still raises the exercise's ``NotImplementedError`` stub.
+
+    >>> is_stub('raise NotImplementedError("Exercise 03.2: write attention")', "03.2")
+    True
+    >>> is_stub("def f(x):\\n    return 2 * x", "03.2")
+    False
+    """
+    return bool(re.search(r"raise\s+NotImplementedError\(\s*[\"']Exercise "
+                          + re.escape(exercise) + r"\b", source))
+
+
+def first_line(source: str) -> str:
+    """The first non-blank line of a cell, stripped and cut to 60 characters, for messages.
+
+    >>> first_line("\\n  import math  \\nx = 1")
+    'import math'
+    """
+    line = next((s.strip() for s in source.split("\n") if s.strip()), "")
+    return line if len(line) <= 60 else line[:57] + "..."
 
 
 def clean(text: str) -> str:

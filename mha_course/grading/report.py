@@ -1,23 +1,39 @@
 """Reports: one notebook's verdicts as text, and the instructor's table (printed and CSV).
 
-Pure functions of :class:`~mha_course.grading.verdicts.NotebookResult` and of status rows
-``{submission: {exercise: status}}``.
+Pure functions of :class:`~mha_course.grading.verdicts.NotebookResult` and of :class:`Row`,
+so folder mode's decisions are unit-tested in milliseconds (``tests/test_verdicts.py``):
+
+- :func:`collect_submissions`: each notebook of a folder is a submission, and so is each
+  sub-folder (every notebook in it, at any depth); hidden and system folders
+  (``.ipynb_checkpoints``, ``__MACOSX``) are skipped; ``jay.ipynb`` and ``jay/`` stay apart;
+- :func:`combine`: a submission's notebooks give one row, the best result per exercise, with a
+  note where two notebooks disagree; an unreadable notebook is an ERROR;
+- :func:`summary_table` and :func:`csv_text`: one row per submission, one column per
+  exercise; each row counts its passes out of the exercises of its own notebooks.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from .verdicts import STATUS_SHORT, NotebookResult
+from .verdicts import STATUS_MEANING, STATUS_SHORT, NotebookResult, cap_line, trim
+
+#: Best first: the status a submission's row keeps when its notebooks disagree.
+RANK = ["passed", "failed", "timed out", "crashed", "error", "not checked", "not attempted",
+        "missing"]
+#: Statuses that show the learner tried (two different ones in two notebooks: a conflict).
+ATTEMPTED = {"passed", "failed", "timed out", "crashed"}
 
 
 def format_result(result: NotebookResult, timeout: float) -> str:
     """The plain-text report for one notebook."""
     head = f"{result.path}"
     if result.error:
-        return f"{head}: ERROR: {result.error}"
+        return f"{head}: ERROR: {cap_line(result.error)}"
     lines = [f"{head} (checked against {result.reference}; cell timeout {timeout:g} s)"]
     for v in result.verdicts:
         text = {
@@ -26,10 +42,14 @@ def format_result(result: NotebookResult, timeout: float) -> str:
             "failed": f"FAILED: {v.message}",
             "timed out": v.message,
             "crashed": f"CRASHED: {v.message}",
+            "missing": f"MISSING: {v.message}",
+            "error": f"ERROR: {v.message}",
         }.get(v.status, f"{v.status}: {v.message}")
-        body = text.split("\n")
+        body = trim(text.split("\n")) + [cap_line(f"note: {note}") for note in v.notes]
+        indent = " " * (len(v.exercise) + 13)
         lines.append(f"  Exercise {v.exercise}  {body[0]}")
-        lines += [" " * (len(v.exercise) + 13) + ln for ln in body[1:]]
+        lines += [indent + ln for ln in body[1:]]
+    lines += [f"  note: {cap_line(note)}" for note in result.notes]
     counts = {}
     for v in result.verdicts:
         counts[v.status] = counts.get(v.status, 0) + 1
@@ -39,47 +59,128 @@ def format_result(result: NotebookResult, timeout: float) -> str:
     return "\n".join(lines)
 
 
-def collect_submissions(paths) -> list[tuple[str, list[Path]]]:
-    """``[(submission name, notebooks)]``: each file, or each entry of a folder, is one."""
+@dataclass
+class Submission:
+    """One learner's hand-in: a notebook, or a sub-folder of notebooks."""
+
+    name: str
+    notebooks: list[Path]
+    source: Path
+    folder: bool = False
+
+
+def _skipped(name: str) -> bool:
+    """Hidden and system entries: ``.ipynb_checkpoints``, ``._x.ipynb``, ``__MACOSX``."""
+    return name.startswith(".") or name.startswith("__")
+
+
+def collect_submissions(paths) -> list[Submission]:
+    """The submissions in ``paths``: each file, or each entry of a folder, is one."""
     subs = []
     for raw in paths:
         path = Path(raw)
-        if path.is_dir():
-            for entry in sorted(path.iterdir()):
-                if entry.name.startswith("."):
-                    continue
-                if entry.is_dir():
-                    subs.append((entry.name, sorted(entry.rglob("*.ipynb"))))
-                elif entry.suffix == ".ipynb":
-                    subs.append((entry.stem, [entry]))
-        else:
-            subs.append((path.stem, [path]))
+        if not path.is_dir():
+            subs.append(Submission(path.stem, [path], path))
+            continue
+        for entry in sorted(path.iterdir()):
+            if _skipped(entry.name):
+                continue
+            if entry.is_dir():
+                notebooks = sorted(
+                    p for p in entry.rglob("*.ipynb")
+                    if p.is_file() and not any(_skipped(part)
+                                               for part in p.relative_to(entry).parts))
+                subs.append(Submission(entry.name, notebooks, entry, folder=True))
+            elif entry.suffix == ".ipynb":
+                subs.append(Submission(entry.stem, [entry], entry))
+    for longer in (lambda s: s.source.name + ("/" if s.folder else ""), lambda s: str(s.source)):
+        clashes = Counter(s.name for s in subs)
+        for sub in subs:
+            if clashes[sub.name] > 1:  # jay.ipynb and jay/ are two learners, not one
+                sub.name = longer(sub)
     return subs
 
 
-def summary_table(rows: dict[str, dict[str, str]], exercises: list[str]) -> str:
-    """Plain-text table: one row per submission, one column per exercise."""
-    name_w = max([len("submission")] + [len(n) for n in rows])
-    col_w = max([7] + [len(x) for x in exercises])
-    columns = "  ".join(x.ljust(col_w) for x in exercises)
-    head = "submission".ljust(name_w) + "  " + columns + "  passed"
+@dataclass
+class Row:
+    """One submission in the table: the best status per exercise of its notebooks."""
+
+    name: str
+    statuses: dict = field(default_factory=dict)
+    #: The exercises of its own notebooks: what its pass count is out of.
+    exercises: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+    #: A notebook could not be read: the exercises it may have held show ERROR.
+    unreadable: bool = False
+
+
+def combine(name: str, results) -> Row:
+    """One row from ``[(path, NotebookResult or the exception that stopped it)]``."""
+    row = Row(name)
+    seen: dict[str, list] = {}
+    if not results:
+        row.unreadable = True
+        row.notes.append("no notebooks in this submission")
+    for path, result in results:
+        if not isinstance(result, NotebookResult):
+            row.unreadable = True
+            row.notes.append(f"{Path(path).name}: ERROR: {result}")
+            continue
+        for v in result.verdicts:
+            seen.setdefault(v.exercise, []).append((Path(path).name, v.status))
+    for exercise, found in seen.items():
+        best = min((status for _, status in found), key=RANK.index)
+        row.statuses[exercise] = best
+        row.exercises.append(exercise)
+        tried = {status for _, status in found if status in ATTEMPTED}
+        if len(tried) > 1:
+            row.notes.append(f"Exercise {exercise}: " + "; ".join(
+                f"{status} in {file}" for file, status in found) + f" (the best, {best}, counts)")
+    return row
+
+
+def _cell(row: Row, exercise: str) -> str:
+    """A status word for the CSV: "" when the exercise is not in the row's notebooks."""
+    if exercise in row.statuses:
+        return row.statuses[exercise]
+    return "error" if row.unreadable else ""
+
+
+def _total(row: Row, columns) -> int:
+    return len(columns) if row.unreadable else len(row.exercises)
+
+
+def legend() -> str:
+    """What every symbol of :func:`summary_table` means."""
+    parts = [f"{STATUS_SHORT[s]} = {STATUS_MEANING[s]}" for s in STATUS_SHORT]
+    return ("; ".join(parts) + "; blank = not in this submission's notebooks. A row's passes "
+            "count out of the exercises of its own notebooks.")
+
+
+def summary_table(rows: list[Row], columns: list[str]) -> str:
+    """Plain-text table: one row per submission, one column per exercise, and the legend."""
+    name_w = max([len("submission")] + [len(r.name) for r in rows])
+    col_w = max([7] + [len(x) for x in columns])
+    head = "submission".ljust(name_w) + "  " + "  ".join(x.ljust(col_w) for x in columns)
+    head += "  passed"
     lines = [head, "-" * len(head)]
-    for name, statuses in rows.items():
-        cells = [STATUS_SHORT[statuses.get(x, "missing")].ljust(col_w) for x in exercises]
-        passed = sum(s == "passed" for s in statuses.values())
-        lines.append(name.ljust(name_w) + "  " + "  ".join(cells) + f"  {passed}/{len(exercises)}")
-    lines.append("pass = passed, FAIL = failed, — = not attempted, TIMEOUT = timed out, "
-                 "CRASH = kernel died, · = no such exercise in the submission, ERROR = unreadable")
+    for row in rows:
+        cells = [(STATUS_SHORT[_cell(row, x)] if _cell(row, x) else "").ljust(col_w)
+                 for x in columns]
+        passed = sum(s == "passed" for s in row.statuses.values())
+        lines.append(row.name.ljust(name_w) + "  " + "  ".join(cells)
+                     + f"  {passed}/{_total(row, columns)}")
+    lines.append(legend())
     return "\n".join(lines)
 
 
-def csv_text(rows: dict[str, dict[str, str]], exercises: list[str]) -> str:
-    """CSV: ``submission, <one column per exercise>, passed``; cells hold the status words."""
+def csv_text(rows: list[Row], columns: list[str]) -> str:
+    """CSV: ``submission, <one column per exercise>, passed, total``; cells hold status words."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(["submission", *exercises, "passed"])
-    for name, statuses in rows.items():
-        writer.writerow([name, *(statuses.get(x, "missing") for x in exercises),
-                         sum(s == "passed" for s in statuses.values())])
+    writer.writerow(["submission", *columns, "passed", "total"])
+    for row in rows:
+        writer.writerow([row.name, *(_cell(row, x) for x in columns),
+                         sum(s == "passed" for s in row.statuses.values()),
+                         _total(row, columns)])
     return buf.getvalue()
-

@@ -1,10 +1,13 @@
-"""Running strict nbval on a notebook in a subprocess, with a backstop for the whole run.
+"""Running strict nbval on a notebook in a subprocess, isolated, with a backstop for the whole run.
 
 The checker never runs a learner's code in its own process: :func:`run_nbval` starts
-``python -m pytest --nbval`` (with the course's plugin, :mod:`mha_course.grading.nbval_plugin`,
-which writes one JSON line per cell) in a temporary folder and reads the records back. nbval's
-own cell timeout stops a cell that runs too long; when the whole run passes the backstop, the
-pytest process and everything below it (the kernel) are killed.
+``python -m pytest --nbval`` (with the course's plugin, :mod:`mha_course.grading.nbval_plugin`)
+in a fresh temporary folder (see :mod:`mha_course.grading.sandbox`): the package it imports is a
+private copy written from the checker's snapshot, the kernel is started from the checker's
+description (in a bubblewrap sandbox where one works), and the per-cell records come back
+through a pipe that only the pytest process holds. nbval's own cell timeout stops a cell that
+runs too long; when the whole run passes the backstop, everything the run started is stopped
+(:func:`stop_run`).
 """
 
 from __future__ import annotations
@@ -15,93 +18,177 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 from .notebooks import ExerciseError, clean, notebook_text
+from .sandbox import Library, RunFolders, kernel_spec
 
 #: nbval's timeout for one cell, in seconds (``python -m mha_course check --timeout``).
 DEFAULT_TIMEOUT = 30
 #: The pytest plugin loaded into the nbval run (``-p``).
 PLUGIN = "mha_course.grading.nbval_plugin"
+#: Environment variable marking every process of a run, so that :func:`stop_run` finds those
+#: that left the process tree (a daemon started by a learner's code, without a sandbox).
+RUN_MARK = "MHA_COURSE_RUN"
+#: How much of pytest's own output is kept, from its end (for the "could not run" message).
+OUTPUT_TAIL = 64 * 1024
+
+
+@dataclass
+class Isolation:
+    """What every run of a check needs besides the notebook: taken once, when the check starts.
+
+    ``library`` is the snapshot of the package each run gets a copy of; ``sanitize`` the text
+    of nbval's sanitize file (also a snapshot); ``bwrap`` the sandbox (None: unsandboxed);
+    ``hidden`` the folders the sandbox hides from the kernel.
+    """
+
+    library: Library
+    sanitize: str | None = None
+    bwrap: str | None = None
+    hidden: tuple = field(default_factory=tuple)
 
 
 def descendants(pid: int) -> list[int]:
-    """Process ids below ``pid`` (Linux /proc; empty elsewhere)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-        except (OSError, IndexError, ValueError):
-            continue
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
+    """Process ids below ``pid``, children first (psutil: Linux, macOS and Windows)."""
+    try:
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
 
 
 def kill_tree(pid: int) -> None:
-    """SIGKILL ``pid`` and every process below it (the pytest run and its kernel)."""
-    for each in [pid, *descendants(pid)]:
+    """SIGKILL ``pid``, every process below it and their process groups."""
+    pids = [pid, *descendants(pid)]
+    own = os.getpgid(0) if hasattr(os, "getpgid") else None
+    groups = set()
+    for each in pids:
         try:
-            os.kill(each, signal.SIGKILL)
-        except ProcessLookupError:
+            groups.add(os.getpgid(each))
+        except (OSError, AttributeError):
+            pass
+    for group in groups - {own}:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except (OSError, AttributeError):
+            pass
+    for each in pids:
+        try:
+            psutil.Process(each).kill()
+        except psutil.Error:
             pass
 
 
-def run_nbval(nb, cell_timeout: float, sanitize: Path | None = None, total_timeout=None):
+def stop_run(pid: int, mark: str) -> None:
+    """Stop everything a run started: pytest (``pid``), its tree, and processes carrying ``mark``.
+
+    pytest starts in a session of its own and the kernel in another (jupyter_client does so);
+    :func:`kill_tree` kills both process groups. A process of the run that left the tree (a
+    daemon started by learner code outside the sandbox) still carries the run's mark in its
+    environment, unless it cleared it; in the sandbox nothing survives the sandbox's end.
+    """
+    kill_tree(pid)
+    for proc in psutil.process_iter():
+        if proc.pid == os.getpid():
+            continue
+        try:
+            if proc.environ().get(RUN_MARK) == mark:
+                kill_tree(proc.pid)
+        except (psutil.Error, OSError):
+            continue
+
+
+def run_nbval(nb, cell_timeout: float, isolation: Isolation, total_timeout=None):
     """Run strict nbval on ``nb`` in a subprocess; return ``(records by cell, hit the backstop)``.
 
     ``total_timeout`` is the backstop for the whole run (kernel start included); when it is
-    reached the pytest process and its kernel are killed. A run in which no cell ran at all
-    (the kernel did not start: a port race or a slow start on a loaded machine) is tried once
-    more, then reported as an error with nbval's last lines, never as exercises "not checked".
+    reached everything the run started is stopped. A run in which no cell ran at all (the
+    kernel did not start: a port race or a slow start on a loaded machine) is tried once more,
+    then reported as an error with nbval's last lines, never as exercises "not checked".
     """
     for _attempt in (1, 2):
-        records, backstop, tail = run_nbval_once(nb, cell_timeout, sanitize, total_timeout)
+        records, backstop, tail = run_nbval_once(nb, cell_timeout, isolation, total_timeout)
         if records or backstop:
             return records, backstop
     raise ExerciseError("nbval could not run the notebook: " + " / ".join(tail))
 
 
-def run_nbval_once(nb, cell_timeout, sanitize, total_timeout):
+def _drain(stream, sink: bytearray, limit: int | None) -> None:
+    """Read the binary ``stream`` to its end into ``sink`` (keeping the last ``limit`` bytes)."""
+    with stream:
+        while chunk := stream.read1(65536):
+            sink += chunk
+            if limit is not None and len(sink) > limit:
+                del sink[: len(sink) - limit]
+
+
+def run_nbval_once(nb, cell_timeout, isolation: Isolation, total_timeout=None):
     """One nbval run: ``(records by cell index, hit the backstop, last 5 lines of output)``."""
     if total_timeout is None:
         n_code = sum(c.cell_type == "code" for c in nb.cells)
         total_timeout = 90 + n_code * (cell_timeout + 10)
     with tempfile.TemporaryDirectory(prefix="mha-course-check-") as tmp:
-        tmp = Path(tmp)
-        nb_path = tmp / "submission.ipynb"
+        folders = RunFolders(Path(tmp)).make()
+        isolation.library.write(folders.lib)
+        nb_path = folders.run / "submission.ipynb"
         nb_path.write_text(notebook_text(nb), encoding="utf-8")
-        (tmp / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")
-        report = tmp / "report.jsonl"
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "FORCE_COLOR")}
+        (folders.run / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")
+        spec = folders.run / "kernel.json"
+        spec.write_text(json.dumps(kernel_spec(folders, isolation.bwrap, isolation.hidden)),
+                        encoding="utf-8")
+        mark = uuid.uuid4().hex
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("PYTEST_ADDOPTS", "FORCE_COLOR", "PYTHONSTARTUP")}
         env.update(NO_COLOR="1", PY_COLORS="0", TERM="dumb", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
-                   JUPYTER_PLATFORM_DIRS="1")
-        # The report path goes on the command line, not into the environment the kernel inherits.
+                   JUPYTER_PLATFORM_DIRS="1", JUPYTER_RUNTIME_DIR=str(folders.kernel),
+                   PYTHONPATH=os.pathsep.join([str(folders.lib), env.get("PYTHONPATH", "")]),
+                   **{RUN_MARK: mark})
+        read_end, write_end = os.pipe()
         cmd = [sys.executable, "-m", "pytest", "-p", "nbval.plugin", "-p", PLUGIN,
-               "--mha-report", str(report), "--nbval",
-               "--nbval-current-env", "-p", "no:cacheprovider", "--color=no", "-q",
-               "--nbval-cell-timeout", str(cell_timeout), "-c", str(tmp / "pytest.ini"),
-               "--rootdir", str(tmp)]
-        if sanitize is not None:
+               "--mha-report-fd", str(write_end), "--mha-kernel", str(spec), "--nbval",
+               "-p", "no:cacheprovider", "--color=no", "-q",
+               "--nbval-cell-timeout", str(cell_timeout), "-c", str(folders.run / "pytest.ini"),
+               "--rootdir", str(folders.run)]
+        if isolation.sanitize is not None:
+            sanitize = folders.run / "sanitize.cfg"
+            sanitize.write_text(isolation.sanitize, encoding="utf-8")
             cmd += ["--nbval-sanitize-with", str(sanitize)]
         cmd.append(str(nb_path))
-        proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            proc = subprocess.Popen(cmd, cwd=folders.run, env=env, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    pass_fds=(write_end,), start_new_session=True)
+        except BaseException:
+            os.close(read_end)
+            raise
+        finally:
+            os.close(write_end)  # pytest holds the only write end now
+        report, output = bytearray(), bytearray()
+        streams = [(os.fdopen(read_end, "rb"), report, None), (proc.stdout, output, OUTPUT_TAIL)]
+        readers = [threading.Thread(target=_drain, args=a, daemon=True) for a in streams]
+        for reader in readers:
+            reader.start()
         backstop = False
         try:
-            output, _ = proc.communicate(timeout=total_timeout)
+            proc.wait(timeout=total_timeout)
         except subprocess.TimeoutExpired:
             backstop = True
-            kill_tree(proc.pid)
-            output, _ = proc.communicate()
+        finally:
+            stop_run(proc.pid, mark)
+            proc.wait()
+        for reader in readers:
+            reader.join(timeout=30)
         records = {}
-        if report.exists():
-            for line in report.read_text(encoding="utf-8").splitlines():
+        for line in report.decode("utf-8", "replace").splitlines():
+            try:
                 record = json.loads(line)
-                records[record["cell"]] = record
+            except json.JSONDecodeError:
+                continue  # a line cut short by the backstop
+            records[record["cell"]] = record
         tail = clean(output.decode("utf-8", "replace")).strip().splitlines()[-5:]
         return records, backstop, tail

@@ -10,7 +10,9 @@ A record is what :mod:`mha_course.grading.nbval_plugin` writes for one code cell
      "got": "<text the cell printed>", "expected": "<text the solution printed>"}
 
 ``error`` is None when the kernel reported no exception; a cell nbval did not run has no
-record (None).
+record (None). Cells have roles (:class:`~mha_course.grading.notebooks.CellRole`): ``setup``,
+``solution`` (the learner's answer), ``check``, ``own`` (the learner's own cell, run before
+the answer) and the reference's other cells.
 """
 
 from __future__ import annotations
@@ -32,17 +34,33 @@ STATUS_SHORT = {
     "missing": "·",
     "error": "ERROR",
 }
+#: What each status means, for the legend under the table.
+STATUS_MEANING = {
+    "passed": "passed",
+    "failed": "failed",
+    "not attempted": "not attempted (the stub is still there)",
+    "timed out": "timed out",
+    "crashed": "the kernel died",
+    "not checked": "not checked (a cell did not run)",
+    "missing": "missing (no cell for it in the notebook)",
+    "error": "the notebook could not be read or checked",
+}
 #: What the nbval plugin puts in a cell's failure message when the kernel died running it.
 KERNEL_DIED = "MHA_COURSE_KERNEL_DIED"
+#: nbval's message for a cell whose kernel was already dead when the cell was due to run.
+DEAD_ON_START = "Kernel dead on test start"
+#: Longest line a report shows (the rest is replaced by a count).
+LINE_CAP = 300
 
 
 @dataclass
 class Verdict:
-    """The result of one exercise: a status from :data:`STATUS_SHORT` and a message."""
+    """The result of one exercise: a status from :data:`STATUS_SHORT`, a message, notes."""
 
     exercise: str
     status: str
     message: str = ""
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -72,13 +90,24 @@ class RunVerdicts:
     error: str = ""
 
 
+def cap_line(line: str, limit: int = LINE_CAP) -> str:
+    """``line`` cut to ``limit`` characters, saying how many more there were.
+
+    >>> cap_line("abcdefghij", 4)
+    'abcd... (6 more characters)'
+    """
+    if len(line) <= limit:
+        return line
+    return line[:limit] + f"... ({len(line) - limit} more characters)"
+
+
 def trim(lines: list[str], limit: int = 12) -> list[str]:
-    """``lines`` without trailing blanks, cut to ``limit`` lines with a "... more" line.
+    """``lines`` without trailing blanks, cut to ``limit`` lines (each to :data:`LINE_CAP`).
 
     >>> trim(["a", "b", "c", "d", ""], limit=3)
     ['a', 'b', '... (2 more lines)']
     """
-    lines = [line.rstrip() for line in lines]
+    lines = [cap_line(line.rstrip()) for line in lines]
     while lines and not lines[-1]:
         lines.pop()
     if len(lines) > limit:
@@ -125,47 +154,91 @@ def failure_message(exercise: str, record: dict, role: CellRole) -> str:
 
 
 def kernel_died(record: dict) -> bool:
-    """Whether the record says the kernel died (or could not be interrupted after a timeout)."""
+    """Whether the record says the kernel was lost: it died, or ignored the timeout's interrupt."""
     message = record.get("message", "")
-    return KERNEL_DIED in message or "Failed to interrupt kernel" in message
+    return any(m in message for m in (KERNEL_DIED, DEAD_ON_START, "Failed to interrupt kernel"))
+
+
+def extra_output(record: dict, role: CellRole) -> str | None:
+    """The note for a cell that printed what the solution printed and more, else None.
+
+    Every line the solution printed is there, in order, and the cell raised nothing: the other
+    lines came from a print() the learner left in their function. :func:`exercise_verdict`
+    accepts this only where it proves nothing false: in a check cell (the check prints its line
+    only after every comparison passed), or in another cell of an exercise whose check passed.
+    """
+    if record.get("error") or "Cell outputs differ" not in record.get("message", ""):
+        return None
+    expected = [ln for ln in record.get("expected", "").split("\n") if ln.strip()]
+    got = record.get("got", "").split("\n")
+    position, extra = 0, []
+    for line in got:
+        if position < len(expected) and line == expected[position]:
+            position += 1
+        elif line.strip():
+            extra.append(line)
+    if not expected or position < len(expected):
+        return None
+    sample = cap_line(extra[0], 60) if extra else ""
+    return (f"your code printed {len(extra)} more line{'s' if len(extra) != 1 else ''} in "
+            f"{role.label} (the first: {sample!r}); remove the leftover print()")
 
 
 def exercise_verdict(exercise: str, cells, timeout: float) -> tuple[Verdict, bool]:
     """Verdict for one exercise from ``[(record or None, role)]``; second value: kernel lost.
 
     In order: a dead kernel or a timeout in any cell; the exercise's own stub (not attempted);
-    the first failing cell (another exercise's stub, a check's message, an error, an output
-    that differs); a cell that did not run (not checked); else passed.
+    the first failing cell other than the learner's own (another exercise's stub, a check's
+    message, an error, an output that differs); a cell that did not run (not checked); else
+    passed. A check cell that printed its line and more passes with a note; a failing own
+    cell becomes a note.
     """
     for record, role in cells:
         if record is None or record["ok"]:
             continue
         message = record.get("message", "")
-        if KERNEL_DIED in message:
-            return Verdict(exercise, "crashed", f"the kernel died while running {role.label} "
+        if KERNEL_DIED in message or DEAD_ON_START in message:
+            when = "while running" if KERNEL_DIED in message else "before"
+            return Verdict(exercise, "crashed", f"the kernel died {when} {role.label} "
                            "(os._exit, sys.exit in a thread, a segfault or out of memory?)"), True
         if message.startswith("Timeout of"):
-            return Verdict(exercise, "timed out",
-                           f"TIMED OUT after {timeout:g} s in {role.label}"), kernel_died(record)
+            lost = kernel_died(record)
+            return Verdict(exercise, "timed out", f"TIMED OUT after {timeout:g} s in {role.label}"
+                           + ("; it ignored the interrupt, so its kernel was stopped"
+                              if lost else "")), lost
     for record, _ in cells:
         error = (record or {}).get("error") or {}
         evalue = clean(error.get("evalue", ""))
         stub = evalue.startswith(f"Exercise {exercise}:")
         if error.get("ename") == "NotImplementedError" and stub:
             return Verdict(exercise, "not attempted"), False
+    notes = []
     for record, role in cells:
-        if record is None or record["ok"]:
+        if role.role == "own" and record is not None and not record["ok"]:
+            first = failure_message(exercise, record, role).split("\n")[0]
+            notes.append(f"{first}; the check went on without it")
+    checked = any(role.role == "check" and record is not None
+                  and (record["ok"] or extra_output(record, role) is not None)
+                  for record, role in cells)
+    for record, role in cells:
+        if record is None or record["ok"] or role.role == "own":
+            continue
+        note = extra_output(record, role) if role.role == "check" or checked else None
+        if note is not None:
+            if not any(n.endswith("remove the leftover print()") for n in notes):
+                notes.append(note)  # one print shows in several cells: one note is enough
             continue
         error = record.get("error") or {}
         other = re.match(r"Exercise (\d\d\.\d+):", clean(error.get("evalue", "")))
         if error.get("ename") == "NotImplementedError" and other:
             return Verdict(exercise, "failed", f"this exercise uses Exercise {other.group(1)}, "
-                           "which still raises NotImplementedError: do that one first"), False
-        return Verdict(exercise, "failed", failure_message(exercise, record, role)), False
-    if any(record is None for record, _ in cells):
-        return Verdict(exercise, "not checked", "a cell of this exercise did not run"), False
-    return Verdict(exercise, "passed"), False
-
+                           "which still raises NotImplementedError: do that one first",
+                           notes), False
+        return Verdict(exercise, "failed", failure_message(exercise, record, role), notes), False
+    if any(record is None for record, role in cells if role.role != "own"):
+        return Verdict(exercise, "not checked", "a cell of this exercise did not run",
+                       notes), False
+    return Verdict(exercise, "passed", "", notes), False
 
 
 def judge_run(order, roles, records, timeout: float, backstop: bool = False,
@@ -190,33 +263,51 @@ def judge_run(order, roles, records, timeout: float, backstop: bool = False,
     Returns
     -------
     RunVerdicts
-        ``error`` set when a setup cell failed; ``lost_at`` set when the kernel was lost during
-        an exercise, whose later exercises ran in a dead kernel and are "not checked" here.
+        ``error`` set when a setup cell failed while the kernel was alive; ``lost_at`` set
+        when the kernel was lost during an exercise: every later cell (a bundle's next setup
+        cell included) ran in a dead kernel, so the later exercises are "not checked" here.
     """
     decided = decided or {}
+    lost = next((i for i, _ in enumerate(roles)
+                 if records.get(i) is not None and not records[i]["ok"]
+                 and kernel_died(records[i])), None)
+    culprit, died_after = None, ""
+    if lost is not None:
+        between = DEAD_ON_START in records[lost].get("message", "")  # no cell was running
+        records = {i: r for i, r in records.items() if i < lost or (i == lost and not between)}
+        culprit, died_after = roles[lost].exercise, roles[lost].label
+        if between or culprit is None:
+            # died between cells: a thread or a process started by the last cell that ran
+            before = [i for i in range(lost) if roles[i].exercise is not None]
+            if before:
+                culprit = roles[before[-1]].exercise
+                died_after = roles[before[-1]].label
+            elif culprit is None:
+                return RunVerdicts({}, error=f"the kernel died in {roles[lost].label}, so "
+                                   "nothing could be checked")
     cells_of: dict[str, list] = {x: [] for x in order}
     for index, role in enumerate(roles):
         record = records.get(index)
         if role.exercise is None:
-            if record is not None and not record["ok"]:
+            if record is not None and not record["ok"] and index != lost:
                 return RunVerdicts({}, error=f"{role.label} failed, so nothing could be checked: "
                                    + failure_message("", record, role).split("\n")[0])
             continue
         cells_of[role.exercise].append((record, role))
     verdicts: dict[str, Verdict] = {}
-    lost_at = None
     for exercise in order:
         if exercise in decided:
             verdicts[exercise] = decided[exercise]
             continue
-        verdict, lost = exercise_verdict(exercise, cells_of[exercise], timeout)
+        verdict, _ = exercise_verdict(exercise, cells_of[exercise], timeout)
+        if exercise == culprit and verdict.status not in ("crashed", "timed out"):
+            verdict = Verdict(exercise, "crashed", f"the kernel died after {died_after} had "
+                              "run (a thread or a process your code started?)")
+        if lost is not None and verdict.status == "not checked" and exercise != culprit:
+            verdict = Verdict(exercise, "not checked", "the kernel died in an earlier exercise")
         verdicts[exercise] = verdict
-        if lost:
-            lost_at = exercise
-            break  # later cells ran in a dead kernel
-    for exercise in order:
-        verdict = verdicts.get(exercise, Verdict(exercise, "not checked"))
+    for exercise, verdict in verdicts.items():
         if backstop and verdict.status == "not checked":
-            verdict = Verdict(exercise, "timed out", "TIMED OUT: the whole check ran too long")
-        verdicts[exercise] = verdict
-    return RunVerdicts({x: verdicts[x] for x in order}, lost_at)
+            verdicts[exercise] = Verdict(exercise, "timed out",
+                                         "TIMED OUT: the whole check ran too long")
+    return RunVerdicts(verdicts, culprit if culprit in verdicts else None)

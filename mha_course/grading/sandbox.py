@@ -1,0 +1,229 @@
+"""Isolation of a learner's code: private copies of the package, and the bubblewrap sandbox.
+
+Not taught in a lesson: part of the checker (see :mod:`mha_course.grading`; the README's "Trust
+model" says the same for instructors). Learner code runs in one process only, the notebook's
+kernel, and each nbval run gets its own temporary folder (:class:`RunFolders`):
+
+- ``run/``: the notebook, pytest's files; the pytest process (trusted) works here. The kernel
+  is never told this folder, and in the sandbox cannot see it.
+- ``lib/``: a private copy of the ``mha_course`` package, written from the snapshot the checker
+  took when it started (:class:`Library`); both pytest and the kernel import the course from
+  here (``PYTHONPATH``), and the kernel imports the checks before any learner code runs
+  (:mod:`mha_course.grading.kernel`). A file a submission changes on disk is never read by
+  another submission's run.
+- ``work/``: the kernel's working folder, the one place it may write.
+- ``k/``: the kernel's connection file (and, in the sandbox, its IPC sockets).
+
+Where bubblewrap works (:func:`find_sandbox`), the kernel runs under :func:`bwrap_command`: the
+whole file system read-only except ``work/`` and ``k/``, a private ``/tmp``, ``/run`` and the
+folders the checker is told to hide (the course checkout with its solutions, the submissions)
+replaced by empty ones, no network, its own process and IPC namespaces, no capabilities; the
+sandbox dies with the process that started it.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import py_compile
+import shutil
+import site
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+#: The module the kernel is started with (it imports the checks, then starts ipykernel).
+KERNEL_MODULE = "mha_course.grading.kernel"
+#: Shown once per command when learners' code runs without a sandbox (completed by the reason).
+UNSANDBOXED = ("learners' code runs WITHOUT a sandbox: {reason}; it can read and write whatever "
+               "you can (see the README's trust model)")
+
+
+@dataclass(frozen=True)
+class Library:
+    """A snapshot of the ``mha_course`` package: ``{relative path: bytes}``, with compiled code.
+
+    Taken once when the checker starts; :meth:`write` puts a fresh copy into each run's folder.
+    The compiled files are unchecked-hash ``.pyc`` files, so neither process recompiles them.
+    """
+
+    files: dict
+
+    @classmethod
+    def snapshot(cls, package_dir: str | Path | None = None) -> Library:
+        """Read the package (default: the one this module belongs to) and compile it."""
+        package_dir = Path(package_dir or Path(__file__).resolve().parents[1])
+        files = {}
+        with tempfile.TemporaryDirectory(prefix="mha-course-pyc-") as tmp:
+            for path in sorted(package_dir.rglob("*")):
+                rel = path.relative_to(package_dir.parent)
+                if not path.is_file() or "__pycache__" in rel.parts or path.suffix == ".pyc":
+                    continue
+                files[rel.as_posix()] = path.read_bytes()
+                if path.suffix != ".py":
+                    continue
+                cached = Path(importlib.util.cache_from_source(str(rel)))
+                out = Path(tmp) / cached
+                py_compile.compile(str(path), cfile=str(out), dfile=str(rel), doraise=True,
+                                   invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+                files[cached.as_posix()] = out.read_bytes()
+        return cls(files)
+
+    def write(self, folder: Path) -> None:
+        """Write the copy into ``folder`` (which then holds ``mha_course/``)."""
+        for rel, data in self.files.items():
+            target = folder / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+
+    def changed(self, package_dir: Path) -> list[str]:
+        """Source files of ``package_dir`` that differ from the snapshot (tamper detection)."""
+        found = []
+        for rel, data in self.files.items():
+            if rel.endswith(".pyc"):
+                continue
+            path = package_dir.parent / rel
+            try:
+                same = path.read_bytes() == data
+            except OSError:
+                same = False
+            if not same:
+                found.append(str(path))
+        return found
+
+
+@dataclass(frozen=True)
+class RunFolders:
+    """The folders of one run (see the module docstring)."""
+
+    root: Path
+
+    @property
+    def run(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def lib(self) -> Path:
+        return self.root / "lib"
+
+    @property
+    def work(self) -> Path:
+        return self.root / "work"
+
+    @property
+    def kernel(self) -> Path:
+        return self.root / "k"
+
+    def make(self) -> RunFolders:
+        for folder in (self.run, self.lib, self.work, self.kernel):
+            folder.mkdir(parents=True, exist_ok=True)
+        return self
+
+
+def _base_args(bwrap: str) -> list[str]:
+    args = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+            "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+            "--die-with-parent", "--new-session"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        args += ["--cap-drop", "ALL"]  # root in the sandbox could otherwise remount rw
+    return args
+
+
+@functools.lru_cache(maxsize=4)
+def find_sandbox(enabled: bool = True) -> tuple[str | None, str]:
+    """``(bwrap path, "")`` when each run can be sandboxed, else ``(None, why not)``.
+
+    Bubblewrap is tried once per process (a container without user namespaces has the binary
+    but cannot use it).
+    """
+    if not enabled:
+        return None, "--no-sandbox was given"
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return None, ("bwrap (bubblewrap) is not installed; on Debian or Ubuntu: "
+                      "apt-get install bubblewrap")
+    try:
+        probe = subprocess.run(_base_args(bwrap) + ["--tmpfs", "/tmp", "--remount-ro", "/tmp",
+                                                    "--", sys.executable, "-c", "pass"],
+                               capture_output=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"bwrap cannot start a sandbox here ({exc})"
+    if probe.returncode != 0:
+        err = probe.stderr.decode("utf-8", "replace").strip().splitlines()
+        return None, f"bwrap cannot start a sandbox here ({err[-1] if err else probe.returncode})"
+    return bwrap, ""
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def _python_paths() -> list[Path]:
+    """What the kernel's Python needs to read: the prefixes and the site-packages folders."""
+    paths = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+             os.path.dirname(sys.executable), *site.getsitepackages()]
+    if site.ENABLE_USER_SITE and site.getusersitepackages():
+        paths.append(site.getusersitepackages())
+    paths += [p for p in sys.path if "site-packages" in p or "dist-packages" in p]
+    found = []
+    for raw in paths:
+        for path in (Path(raw), Path(raw).resolve()):
+            if path.is_dir() and path not in found:
+                found.append(path)
+    return found
+
+
+def bwrap_command(bwrap: str, folders: RunFolders, hidden=()) -> list[str]:
+    """The ``bwrap ... --`` prefix that sandboxes the kernel of the run in ``folders``.
+
+    ``hidden`` folders (the course checkout, the submissions) are replaced by empty ones; the
+    Python installation is bound back read-only where it lies inside one of them (a ``.venv``
+    in the checkout).
+    """
+    masks = [Path("/tmp")]
+    if Path("/run").is_dir() and not Path("/run").is_symlink():
+        masks.append(Path("/run"))  # sockets of system services: a way out without a network
+    for raw in hidden:
+        path = Path(raw).resolve()
+        if path.is_dir() and path != Path("/"):
+            masks.append(path)
+    masks = sorted(set(masks), key=lambda p: len(p.parts))
+    masks = [m for i, m in enumerate(masks) if not any(_inside(m, o) for o in masks[:i])]
+    args = _base_args(bwrap)
+    for mask in masks:
+        args += ["--tmpfs", str(mask)]
+    exposed = [p for p in _python_paths() if any(_inside(p, m) for m in masks)]
+    exposed = sorted(exposed, key=lambda p: len(p.parts))
+    exposed = [p for i, p in enumerate(exposed) if not any(_inside(p, o) for o in exposed[:i])]
+    for path in exposed:
+        args += ["--ro-bind", str(path), str(path)]
+    lib, work, kernel = (str(p.resolve()) for p in (folders.lib, folders.work, folders.kernel))
+    args += ["--ro-bind", lib, lib, "--bind", work, work, "--bind", kernel, kernel]
+    for mask in masks:  # the empty folders are read-only too; /tmp is the kernel's own
+        if mask != Path("/tmp"):
+            args += ["--remount-ro", str(mask)]
+    args += ["--setenv", "HOME", "/tmp", "--setenv", "IPYTHONDIR", "/tmp/.ipython",
+             "--setenv", "MPLCONFIGDIR", "/tmp/.matplotlib",
+             "--unsetenv", "JPY_PARENT_PID",  # its parent is the sandbox's init, not pytest
+             "--chdir", work, "--"]
+    return args
+
+
+def kernel_spec(folders: RunFolders, bwrap: str | None, hidden=()) -> dict:
+    """How the nbval plugin starts the kernel (``--mha-kernel``): argv, transport, folders.
+
+    In the sandbox the kernel has no network, so it talks to pytest over IPC sockets in ``k/``
+    and is interrupted by a message rather than a signal (the signal would reach bwrap).
+    """
+    kernel = folders.kernel.resolve()
+    inner = [sys.executable, "-m", KERNEL_MODULE, "-f", "{connection_file}"]
+    spec = {"cwd": str(folders.work.resolve()), "connection_file": str(kernel / "kernel.json"),
+            "env": {}}
+    if bwrap is None:
+        return {**spec, "argv": inner, "interrupt_mode": "signal", "transport": "tcp",
+                "ip": "127.0.0.1"}
+    return {**spec, "argv": bwrap_command(bwrap, folders, hidden) + inner,
+            "interrupt_mode": "message", "transport": "ipc", "ip": str(kernel / "ipc")}
