@@ -18,7 +18,6 @@ redraw never leaves an open figure behind (memory stays flat while the sliders m
 from __future__ import annotations
 
 import base64
-import io
 import math
 import textwrap
 
@@ -30,7 +29,7 @@ from matplotlib.figure import Figure
 from ._validate import fail, validate_positive_int, validate_shape
 from .cost import attention_flops, param_count
 from .multihead import MultiHeadAttention
-from .plotting import TOKENS
+from .plotting import TOKENS, figure_png
 
 #: Seed of the toy embeddings (fixed, so only the layer's ``seed`` changes the heads).
 EMBEDDING_SEED = 2017
@@ -282,18 +281,6 @@ def summary_line(summary) -> str:
         f"weights (h, T, T) = {tuple(summary['weights_shape'])} = "
         f"{summary['weights_values']:,} values"
     )
-
-
-def figure_png(fig, dpi=WIDGET_DPI) -> bytes:
-    """Render ``fig`` to PNG bytes: what the widget shows.
-
-    ``fig`` is not tracked by pyplot, so once dropped it is freed like any Python object (no
-    ``plt.close`` needed, and no ``fig.clear()``, which would cost as much as drawing it).
-    """
-    buf = io.BytesIO()
-    # Light compression: the PNG is a little larger, and encoding it several times faster.
-    fig.savefig(buf, format="png", dpi=dpi, pil_kwargs={"compress_level": 1})
-    return buf.getvalue()
 
 
 def _outputs(summary, png: bytes) -> tuple[dict, ...]:
