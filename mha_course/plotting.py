@@ -137,8 +137,11 @@ def plot_weights_panels(panels, tokens_q=TOKENS, tokens_k=None, titles=None, sup
         raise fail(func, f"titles has {len(titles)} entries; expected P={P}")
     T_max = max(len(q) for q in qs)
     S_max = max(len(k) for k in ks)
-    fig, axes = plt.subplots(1, P, figsize=(P * (0.38 * S_max + 1.5) + 1.2, 0.38 * T_max + 2.0),
+    # About a third of an inch per cell, room for the rotated key labels under each panel and
+    # the query labels left of each, and space between the panel titles and the figure's title.
+    fig, axes = plt.subplots(1, P, figsize=(P * (0.32 * S_max + 1.3) + 1.0, 0.32 * T_max + 2.3),
                              squeeze=False, layout="constrained")
+    fig.get_layout_engine().set(w_pad=0.12, h_pad=0.12, wspace=0.08)
     axes = list(axes[0])
     for p, ax in enumerate(axes):
         img = plot_weights(panels[p], qs[p], ks[p], ax=ax, colorbar=False, vmax=vmax,
@@ -147,7 +150,7 @@ def plot_weights_panels(panels, tokens_q=TOKENS, tokens_k=None, titles=None, sup
             ax.set_ylabel("")
     fig.colorbar(img, ax=axes, fraction=0.046 / P, pad=0.02, label="attention weight")
     if suptitle:
-        fig.suptitle(suptitle)
+        fig.suptitle(suptitle, fontsize=12)
     return fig, axes
 
 
