@@ -45,18 +45,19 @@ from .plotting import TOKENS, figure_png
 EMBEDDING_SEED = 2017
 #: Resolution of the PNG the widget shows.
 WIDGET_DPI = 100
-#: Size of the explorer's figure in inches (700 x 470 pixels at WIDGET_DPI): with the controls
-#: beside it, the widget fits a 1366 x 768 screen below JupyterLab's bars, file browser open.
-FIGSIZE = (7.0, 4.7)
+#: Size of the explorer's figure in inches (630 x 470 pixels at WIDGET_DPI): with the controls
+#: beside it the widget is 900 pixels wide and 474 high, so it fits a 1366 x 768 screen below
+#: JupyterLab's bars with the file browser open (tests/browser measures it).
+FIGSIZE = (6.3, 4.7)
 #: Width of the controls column, in pixels.
-CONTROLS_WIDTH = 270
+CONTROLS_WIDTH = 260
 #: The initialisations :func:`draw_explorer` knows.
 INITS = ("fan_in", "xavier")
 
 _HEAD_LABEL = "head "  # axes labels "head 1".."head h": how heads_drawn is counted
 # Margins in inches (left: query labels, right: colorbar, bottom: key labels, top: title) and
 # the smallest gap between panels.
-_LEFT, _RIGHT, _BOTTOM, _TOP, _GAP = 0.75, 0.95, 0.7, 0.42, 0.16
+_LEFT, _RIGHT, _BOTTOM, _TOP, _GAP = 0.75, 0.85, 0.7, 0.42, 0.16
 
 
 def toy_embeddings(d_model: int, tokens=TOKENS) -> np.ndarray:
@@ -252,7 +253,7 @@ def _build_heads_figure(fig, tokens_q, tokens_k, colorbar_label) -> dict:
     W, H = fig.get_size_inches()
     norm = Normalize(0.0, 1.0)
     # One colorbar, one name per axis, at fixed places (no layout engine: it costs a draw).
-    cax = fig.add_axes([1 - 0.72 / W, _BOTTOM / H, 0.14 / W, 1 - (_BOTTOM + _TOP) / H])
+    cax = fig.add_axes([1 - 0.68 / W, _BOTTOM / H, 0.14 / W, 1 - (_BOTTOM + _TOP) / H])
     colorbar = fig.colorbar(ScalarMappable(norm, "viridis"), cax=cax)
     colorbar.set_label(colorbar_label, fontsize=9)
     colorbar.ax.tick_params(labelsize=8)
@@ -432,31 +433,35 @@ def summary_line(summary) -> str:
 
 
 def _panel_html(summary) -> str:
-    """The numbers column of the widget: big parameters and FLOPs, then the rest."""
+    """The numbers column of the widget: big parameters and FLOPs, then the rest.
+
+    Every piece is its own block, separated by newlines, so the text reads item by item.
+    """
+    head = f"<div style='{_LINE}'>{html.escape(summary_items(summary)[0])}</div>"
     if summary.get("error"):
-        items = summary_items(summary)
         error = html.escape(summary["error"])
-        return (f"<div style='{_BOX}'><div style='{_LINE}'>{html.escape(items[0])}</div>"
-                f"<div style='{_LINE}'>{html.escape(items[1])}</div>"
-                f"<div style='color: firebrick; margin-top: 6px'>error: {error}</div></div>")
+        return "\n".join([
+            f"<div style='{_BOX}'>", head,
+            f"<div style='{_LINE}'>heads drawn: {summary['heads_drawn']}</div>",
+            f"<div style='color: firebrick; margin-top: 6px'>error: {error}</div>", "</div>"])
     d_model, h, d_k = summary["d_model"], summary["h"], summary["d_k"]
-    h_, T, S = summary["weights_shape"]
+    _, T, S = summary["weights_shape"]
     rows = [
         ("parameters", f"{summary['param_count']:,}", f"4·d_model·h·d_k = 4·{d_model}·{h}·{d_k}"),
         ("FLOPs (T=11)", f"{summary['flops']['total']:,}", "8·T·d_model·h·d_k + 4·T²·h·d_k"),
-        ("weights", f"{summary['weights_values']:,}", f"h×T×T = {h_}×{T}×{S}"),
+        ("weights", f"{summary['weights_values']:,}", f"h×T×T = {h}×{T}×{S}"),
     ]
-    big = "".join(
-        f"<div style='margin-top: 6px'><div style='font-size: 12px; color: #555'>{name}</div>"
-        f"<div style='font-size: 22px; font-weight: 600; {_LINE}'>{value}</div>"
-        f"<div style='font-size: 11px; color: #555; {_LINE}'>{html.escape(note)}</div></div>"
-        for name, value, note in rows
-    )
-    small = (f"<div style='margin-top: 6px; {_LINE}'>heads drawn: {summary['heads_drawn']}</div>"
-             f"<div style='{_LINE}'>largest weight: {summary['largest_weight']:.2f} "
-             f"(colour 0–{summary['colour_top']:.1f})</div>")
-    return f"<div style='{_BOX}'><div style='{_LINE}'>{html.escape(summary_items(summary)[0])}" \
-           f"</div>{big}{small}</div>"
+    parts = [f"<div style='{_BOX}'>", head]
+    for name, value, note in rows:
+        parts += ["<div style='margin-top: 6px'>",
+                  f"<div style='font-size: 12px; color: #555'>{name}</div>",
+                  f"<div style='font-size: 22px; font-weight: 600; {_LINE}'>{value}</div>",
+                  f"<div style='font-size: 11px; color: #555; {_LINE}'>{html.escape(note)}</div>",
+                  "</div>"]
+    parts += [f"<div style='margin-top: 6px; {_LINE}'>heads drawn: {summary['heads_drawn']}</div>",
+              f"<div style='{_LINE}'>largest weight: {summary['largest_weight']:.2f} "
+              f"(colour 0–{summary['colour_top']:.1f})</div>", "</div>"]
+    return "\n".join(parts)
 
 
 _BOX = "font-family: sans-serif; font-size: 13px; line-height: 1.3"
@@ -466,7 +471,7 @@ _LINE = "white-space: nowrap"
 def explorer(*, d_model=48, seed=0):
     """Sliders for ``h`` and ``d_k`` that redraw every head's weights on the example sentence.
 
-    While "hold d_model fixed" is ticked (the default), the ``d_k`` slider is disabled and
+    While "hold d_model" is ticked (the default), the ``d_k`` slider is disabled and
     follows ``d_model // h``; an ``h`` that does not divide ``d_model`` shows the package's error
     message in the picture's place, at the same size. Untick it to set ``d_k`` freely (then
     parameters and FLOPs change with ``h·d_k``). The sliders use ``continuous_update=False``:
@@ -505,7 +510,7 @@ def explorer(*, d_model=48, seed=0):
     d_k_slider = widgets.IntSlider(value=max(1, min(64, d_model // h0)), min=1, max=64,
                                    description="d_k", continuous_update=False, readout=True,
                                    disabled=True, layout=slider_layout)
-    hold = widgets.Checkbox(value=True, description="hold d_model fixed (d_k = d_model / h)",
+    hold = widgets.Checkbox(value=True, description="hold d_model (d_k = d_model / h)",
                             indent=False, layout=slider_layout)
     width, height = (round(s * WIDGET_DPI) for s in FIGSIZE)
     panel = widgets.HTML(layout=widgets.Layout(width=f"{CONTROLS_WIDTH - 10}px",
@@ -520,8 +525,8 @@ def explorer(*, d_model=48, seed=0):
     def redraw(change=None):
         fig, summary = draw_explorer(h_slider.value, d_k_slider.value, d_model=d_model,
                                      hold_d_model=hold.value, seed=seed, fig=heads_fig)
-        panel.value = _panel_html(summary)
         image.value = figure_png(fig, dpi=WIDGET_DPI)
+        panel.value = _panel_html(summary)  # last: once the numbers change, so has the picture
 
     def on_h(change):
         if hold.value:  # the d_k slider follows; its own observer ignores it while held

@@ -368,12 +368,13 @@ def stepper_widget(*, seed: int = 0):
     import ipywidgets as widgets
 
     scale = widgets.Checkbox(value=True, description="divide by √d_k", indent=False,
-                             layout=widgets.Layout(width="130px"))
+                             layout=widgets.Layout(width="140px", flex="0 0 auto"))
     temperature = widgets.SelectionSlider(options=[(f"{t:g}", t) for t in TEMPERATURES],
                                           value=1.0, description="τ", continuous_update=False,
-                                          layout=widgets.Layout(width="260px"))
+                                          layout=widgets.Layout(width="260px", flex="0 0 auto"))
     mask = widgets.ToggleButtons(options=list(MASKS), value="none", description="mask",
-                                 style={"button_width": "70px"})
+                                 style={"button_width": "80px", "description_width": "40px"},
+                                 layout=widgets.Layout(width="340px", flex="0 0 auto"))
     width, height = (round(FIGSIZE[0] * DPI), round(FIGSIZE[1] * DPI))
     summary = widgets.HTML(layout=widgets.Layout(width=f"{width}px", height="40px"))
     image = widgets.Image(format="png", width=width, height=height,
@@ -382,8 +383,8 @@ def stepper_widget(*, seed: int = 0):
 
     def redraw(change=None):
         _, s = draw_stepper(scale.value, temperature.value, mask.value, seed=seed, fig=fig)
-        summary.value = _summary_html(stepper_summary_line(s))
         image.value = figure_png(fig, dpi=DPI)
+        summary.value = _summary_html(stepper_summary_line(s))  # last, as in the explorer
 
     for control in (scale, temperature, mask):
         control.observe(redraw, names="value")

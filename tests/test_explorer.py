@@ -230,7 +230,7 @@ def test_explorer_widgets_match_the_documented_interface():
     assert (sliders["h"].min, sliders["h"].max) == (1, 16)
     assert (sliders["d_k"].min, sliders["d_k"].max) == (1, 64)
     assert not sliders["h"].continuous_update and not sliders["d_k"].continuous_update
-    assert hold.description == "hold d_model fixed (d_k = d_model / h)"
+    assert hold.description == "hold d_model (d_k = d_model / h)"
     assert hold.value and sliders["d_k"].disabled
     assert "heads drawn: 4" in panel.value and "9,216" in panel.value
     assert _png_size(image) == (round(FIGSIZE[0] * WIDGET_DPI), round(FIGSIZE[1] * WIDGET_DPI))
