@@ -1,4 +1,5 @@
-"""Benchmark decoding with a KV cache against recomputing the causal forward, and GQA's cache.
+"""Benchmark decoding with a KV cache against recomputing the causal forward; GQA, MLA and the
+rolling buffer of a sliding window.
 
 Run from the repository root (one thread unless ``--threads N``)::
 
@@ -11,9 +12,13 @@ It prints, from one run: the versions, the BLAS and thread counts (the helpers o
 the time to generate N tokens one at a time with ``decode_step`` and a KV cache, against
 recomputing the full causal forward over the first t tokens at every step t (the speed-up), the
 bytes the cache holds and the peak extra memory of one step of each; then, with GQA at
-g = n_kv_heads = 1, 2, 8 (h = 8), the cache bytes and the decode time per token; and whether the
-targets are met. Decode times are the minimum over >= 3 runs; the recompute loop runs once (it
-is the slow side, so its one run is long enough to be stable).
+g = n_kv_heads = 1, 2, 8 (h = 8), the cache bytes and the decode time per token; multi-head
+latent attention at the same d_model (DeepSeek-V2's proportions: d_c = 4·d_k, d_rope = d_k/2),
+absorbed and naive, against GQA and MHA: cache bytes and time per token; the rolling buffer of a
+sliding window (W = 128): its bytes and the peak extra memory of a step as n grows, against an
+ordinary cache; the redraw time of lesson 06's cache-memory widget; and whether the targets are
+met. Decode times are the minimum over >= 3 runs; the recompute loop runs once (it is the slow
+side, so its one run is long enough to be stable).
 """
 
 from __future__ import annotations
@@ -135,7 +140,97 @@ def run_gqa(n: int, rng) -> dict:
     return rows
 
 
-def print_targets(cache_row: dict, gqa_rows: dict, n: int, threads: int) -> None:
+MLA_D_C, MLA_D_ROPE = 4 * (D_MODEL // H), (D_MODEL // H) // 2  # DeepSeek-V2: 512 and 64 of 128
+
+
+def make_mla() -> mc.MultiHeadLatentAttention:
+    mla = mc.MultiHeadLatentAttention(D_MODEL, H, MLA_D_C, MLA_D_ROPE, rng=0)
+    for name, W in mla.parameters().items():
+        setattr(mla, name, W.astype(DTYPE))
+    return mla
+
+
+def decode_mla(mla, x, absorbed):
+    cache = mla.init_cache(max_len=x.shape[0])
+    for t in range(x.shape[0]):
+        mla.decode_step(x[t : t + 1], cache, absorbed=absorbed)
+    return cache
+
+
+def run_mla(n: int, rng) -> dict:
+    """MHA, GQA g=2, MQA and MLA (absorbed and naive) decoding the same n tokens."""
+    x = rng.standard_normal((n, D_MODEL)).astype(DTYPE)
+    mla = make_mla()
+    layers = {"MHA (g=8)": make_layer(8), "GQA (g=2)": make_layer(2), "MQA (g=1)": make_layer(1)}
+    funcs = {name: (lambda layer=layer: decode_all(layer, x)[1]) for name, layer in layers.items()}
+    funcs["MLA absorbed"] = lambda: decode_mla(mla, x, True)
+    funcs["MLA naive"] = lambda: decode_mla(mla, x, False)
+    times = bench.best_times(funcs)
+    d_k = D_MODEL // H
+    print(f"\n== MLA against GQA at d_model = {D_MODEL}, h = {H}, d_k = {d_k}: d_c = {MLA_D_C}, "
+          f"d_rope = {MLA_D_ROPE}, {n} tokens decoded, float32, batch 1")
+    print(f"  {'':<14} {'values/token':>12} {'cache bytes':>12} {'/ MHA':>6} {'per token':>10} "
+          f"{'/ MHA':>6}")
+    rows = {}
+    for name, f in funcs.items():
+        cache = f()
+        values = (cache.values_per_token if name.startswith("MLA")
+                  else 2 * cache.n_kv_heads * d_k)
+        rows[name] = (values, cache.nbytes, times[name])
+    mha_bytes, mha_time = rows["MHA (g=8)"][1:]
+    for name, (values, n_bytes, t) in rows.items():
+        print(f"  {name:<14} {values:>12} {n_bytes:>12} {n_bytes / mha_bytes:>6.3f} "
+              f"{t / n * 1e3:>7.3f} ms {t / mha_time:>6.2f}")
+    print("  MLA's cache: d_c + d_rope values a token for all heads, like GQA with "
+          f"{(MLA_D_C + MLA_D_ROPE) / (2 * d_k):.2f} groups.\n"
+          "  The naive form rebuilds every head's keys and values from all cached latents at\n"
+          "  each step (O(n·d_c·h·(d_k + d_v))); the absorbed form attends in the latent space\n"
+          "  (O(n·h·(2·d_c + d_rope))). At this small width a step is mostly fixed overhead, so\n"
+          "  times differ less than bytes.")
+    return {"mla_bytes": rows["MLA absorbed"][1], "gqa2_bytes": rows["GQA (g=2)"][1],
+            "absorbed": times["MLA absorbed"], "naive": times["MLA naive"]}
+
+
+def run_rolling(ns, rng, window=128) -> dict:
+    layer = make_layer(2)
+    print(f"\n== the rolling buffer of a sliding window (W = {window}) against an ordinary cache, "
+          "GQA g=2, float32")
+    print(f"  {'n':>6} {'window: bytes':>14} {'step peak extra':>16} {'ordinary: bytes':>16} "
+          f"{'step peak extra':>16}")
+    rows = {}
+    for n in ns:
+        x = rng.standard_normal((n + 1, D_MODEL)).astype(DTYPE)
+        caches = {"window": layer.init_cache(window=window),
+                  "ordinary": layer.init_cache(max_len=n + 1)}  # preallocated: no growth copy
+        row = {}
+        for name, cache in caches.items():
+            k = mc.split_heads(x[:n] @ layer.W_k, 2)  # prefill n tokens at once
+            cache.append(k, mc.split_heads(x[:n] @ layer.W_v, 2))
+            step = x[n:]
+            peak = bench.peak_extra_bytes(lambda c=cache, s=step: layer.decode_step(s, c))
+            row[name] = (cache.nbytes, peak)
+        rows[n] = row
+        print(f"  {n:>6} {row['window'][0]:>14} {row['window'][1]:>16} {row['ordinary'][0]:>16} "
+              f"{row['ordinary'][1]:>16}")
+    return rows
+
+
+def run_widget_redraw() -> float:
+    from mha_course.cache_memory import draw_cache_memory, preset
+    from mha_course.explorer import figure_png
+
+    times = bench.best_times({
+        name: (lambda name=name: figure_png(draw_cache_memory(**preset(name), seq_len=131072,
+                                                              batch=8)[0]))
+        for name in ("Llama 3 70B", "DeepSeek-V2", "gpt-oss-120b")}, min_runs=3)
+    worst = max(times.values())
+    print("\n== lesson 06's cache-memory widget: one redraw (draw_cache_memory + PNG)")
+    for name, t in times.items():
+        print(f"  preset {name:<14} {t * 1e3:7.1f} ms")
+    return worst
+
+
+def print_targets(cache_row: dict, gqa_rows: dict, n: int, threads: int, extra=None) -> None:
     print(f"\n== targets ({threads} thread{'s' if threads > 1 else ''}, {n} tokens)")
     speedup = cache_row["speedup"]
     lines = [
@@ -150,6 +245,21 @@ def print_targets(cache_row: dict, gqa_rows: dict, n: int, threads: int) -> None
         ratio = gqa_rows[g]["bytes"] / gqa_rows[8]["bytes"]
         lines.append((f"GQA g={g}: cache bytes = g/h = {g}/{H} of MHA's", f"{ratio:.3f}",
                       ratio == g / H))
+    if extra:
+        mla, rolling, redraw = extra["mla"], extra["rolling"], extra["redraw"]
+        d_k = D_MODEL // H
+        lines.append(("MLA cache bytes = (d_c + d_rope) / (2·2·d_k) of GQA g=2",
+                      f"{mla['mla_bytes'] / mla['gqa2_bytes']:.4f}",
+                      mla["mla_bytes"] / mla["gqa2_bytes"] == (MLA_D_C + MLA_D_ROPE) / (4 * d_k)))
+        lines.append(("MLA absorbed decodes faster than naive",
+                      f"{mla['naive'] / mla['absorbed']:.1f}x", mla["absorbed"] < mla["naive"]))
+        window_bytes = {row["window"][0] for row in rolling.values()}
+        lines.append(("rolling buffer bytes flat in n", f"{sorted(window_bytes)}",
+                      len(window_bytes) == 1))
+        peaks = [row["window"][1] for row in rolling.values()]
+        lines.append(("rolling buffer step memory flat in n (max/min <= 1.5)",
+                      f"{max(peaks) / min(peaks):.2f}", max(peaks) <= 1.5 * min(peaks)))
+        lines.append(("widget redraw <= 0.3 s", f"{redraw:.3f} s", redraw <= 0.3))
     if n < 1024:
         print("  (--quick: the speed-up target is set for 1024 tokens, so it is not judged)")
     for what, value, ok in lines:
@@ -172,7 +282,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  timing: {bench.CLOCK['name']}")
         cache_row = run_cache_vs_recompute(n, rng)
         gqa_rows = run_gqa(n, rng)
-    print_targets(cache_row, gqa_rows, n, args.threads)
+        extra = {"mla": run_mla(n // 4, rng),
+                 "rolling": run_rolling([n, 2 * n, 4 * n], rng),
+                 "redraw": run_widget_redraw()}
+    print_targets(cache_row, gqa_rows, n, args.threads, extra)
     return 0
 
 

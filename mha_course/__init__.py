@@ -5,31 +5,46 @@ teaches it (the module docstring names the lesson). Lessons write each concept i
 equals the function here, and import it from then on. The README has a map of the modules.
 """
 
-from .attention import causal_mask, padding_mask, scaled_dot_product_attention
+from .attention import (
+    causal_mask,
+    padding_mask,
+    scaled_dot_product_attention,
+    sliding_window_mask,
+)
 from .backward import gradient_check
-from .cost import attention_flops, kv_cache_bytes, param_count
+from .block import dropout, layer_norm, residual
+from .cost import attention_flops, kv_cache_bytes, mla_cache_bytes, param_count
 from .heads import merge_heads, split_heads
 from .kv_cache import KVCache
+from .mla import LatentCache, MultiHeadLatentAttention
 from .multihead import MultiHeadAttention
-from .positions import apply_rope, sinusoidal_positions
+from .positions import apply_rope, rope_permutation, sinusoidal_positions
 from .softmax import log_softmax, logsumexp, softmax
 from .tiled import tiled_attention
 
 __all__ = [
     "KVCache",
+    "LatentCache",
     "MultiHeadAttention",
+    "MultiHeadLatentAttention",
     "apply_rope",
     "attention_flops",
     "causal_mask",
+    "dropout",
     "gradient_check",
     "kv_cache_bytes",
+    "layer_norm",
     "log_softmax",
     "logsumexp",
     "merge_heads",
+    "mla_cache_bytes",
     "padding_mask",
     "param_count",
+    "residual",
+    "rope_permutation",
     "scaled_dot_product_attention",
     "sinusoidal_positions",
+    "sliding_window_mask",
     "softmax",
     "split_heads",
     "tiled_attention",

@@ -1,6 +1,7 @@
 """Scaled dot-product attention and the masks that go with it.
 
-Taught in ``notebooks/03_single_head_attention.ipynb``.
+Taught in ``notebooks/03_single_head_attention.ipynb``; :func:`sliding_window_mask` in
+``notebooks/06_decoding.ipynb``.
 
 Shape letters: ``T`` query positions, ``S`` key/value positions, ``d_k`` query/key width,
 ``d_v`` value width; ``...`` any leading batch axes (batch, heads). Masks are boolean with
@@ -133,6 +134,51 @@ def causal_mask(T: int, S: int | None = None) -> np.ndarray:
     T = validate_positive_int("causal_mask", "T", T)
     S = T if S is None else validate_positive_int("causal_mask", "S", S)
     return np.arange(S)[None, :] <= np.arange(T)[:, None] + (S - T)
+
+
+def sliding_window_mask(T: int, window: int, S: int | None = None) -> np.ndarray:
+    """Boolean (T, S) mask in which a query sees only the ``window`` positions ending at itself.
+
+    Aligned bottom-right like :func:`causal_mask`: query ``t`` sits at position
+    ``p = S - T + t`` and may attend to key ``s`` iff ``p - window < s <= p``. It is the causal
+    mask with everything older than ``window`` positions removed (Mistral 7B v0.1: 4096; the
+    local layers of Gemma 2 and 3, gpt-oss). A cache of the last ``window`` keys and values (a
+    rolling buffer, ``init_cache(window=...)``) is then all a decoder needs.
+
+    Parameters
+    ----------
+    T : int
+        Number of query positions (the last ``T`` of the ``S`` key positions).
+    window : int
+        Keys a query sees, itself included; ``window >= S`` gives :func:`causal_mask`.
+    S : int, optional
+        Number of key positions (default ``T``).
+
+    Returns
+    -------
+    ndarray of bool, shape (T, S)
+        A band of width ``window`` on and below the (bottom-right) diagonal.
+
+    Raises
+    ------
+    ValueError
+        If ``T``, ``window`` or ``S`` is not a positive integer.
+
+    Examples
+    --------
+    >>> sliding_window_mask(4, window=2).astype(int)
+    array([[1, 0, 0, 0],
+           [1, 1, 0, 0],
+           [0, 1, 1, 0],
+           [0, 0, 1, 1]])
+    """
+    func = "sliding_window_mask"
+    T = validate_positive_int(func, "T", T)
+    window = validate_positive_int(func, "window", window)
+    S = T if S is None else validate_positive_int(func, "S", S)
+    p = np.arange(T)[:, None] + (S - T)  # (T, 1): each query's position among the S keys
+    s = np.arange(S)[None, :]  # (1, S)
+    return (s <= p) & (s > p - window)
 
 
 def padding_mask(lengths, S: int) -> np.ndarray:

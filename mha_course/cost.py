@@ -1,7 +1,8 @@
 """What attention costs: parameters, floating-point operations and KV-cache memory.
 
 Taught in ``notebooks/04_multi_head_attention.ipynb`` (parameters and FLOPs); the ``n_kv_heads``
-options and :func:`kv_cache_bytes` in ``notebooks/06_decoding.ipynb`` (the KV cache, MQA and GQA).
+options, :func:`kv_cache_bytes` and :func:`mla_cache_bytes` in ``notebooks/06_decoding.ipynb``
+(the KV cache, MQA and GQA, MLA).
 
 FLOPs count a multiply-add as 2 operations, so an (m, n) @ (n, p) matmul costs ``2·m·n·p``.
 The softmax (about 5 operations per weight: max, subtract, exp, sum, divide) is not in the
@@ -154,3 +155,52 @@ def kv_cache_bytes(n_layers, n_kv_heads, d_k, seq_len, batch=1, bytes_per_value=
     for name, value in sizes.items():
         total *= validate_positive_int(func, name, value)
     return total
+
+
+def mla_cache_bytes(n_layers, d_c, d_rope, seq_len, batch=1, bytes_per_value=2) -> int:
+    """Bytes of a multi-head latent attention (MLA) cache: ``n_layers·(d_c + d_rope)·seq_len·
+    batch·bytes``.
+
+    MLA (DeepSeek-V2, :class:`~mha_course.mla.MultiHeadLatentAttention`) caches, per layer and
+    token, one latent vector ``c`` of width ``d_c`` from which every head's key and value are
+    reconstructed (or into which they are absorbed), plus one RoPE key of width ``d_rope``
+    shared by all heads: no factor 2 and no head count. Forgetting ``d_rope`` is a classic
+    mistake: DeepSeek-V2 caches 512 + 64 = 576 values per layer per token, not 512.
+
+    Parameters
+    ----------
+    n_layers : int
+        Attention layers of the model.
+    d_c : int
+        Width of the compressed key/value latent (``kv_lora_rank`` in DeepSeek's configs).
+    d_rope : int
+        Width of the decoupled RoPE key (``qk_rope_head_dim``).
+    seq_len : int
+        Tokens in the cache.
+    batch : int, default 1
+        Sequences decoded together.
+    bytes_per_value : int, default 2
+        2 for fp16/bf16, 4 for fp32, 1 for an 8-bit cache.
+
+    Returns
+    -------
+    int
+
+    Raises
+    ------
+    ValueError
+        If an argument is not a positive integer.
+
+    Examples
+    --------
+    >>> mla_cache_bytes(n_layers=60, d_c=512, d_rope=64, seq_len=1)  # DeepSeek-V2, bf16
+    69120
+    >>> kv_cache_bytes(n_layers=60, n_kv_heads=128, d_k=128, seq_len=1)  # its 128 heads as MHA
+    3932160
+    """
+    func = "mla_cache_bytes"
+    sizes = {"n_layers": n_layers, "d_c": d_c, "d_rope": d_rope, "seq_len": seq_len,
+             "batch": batch, "bytes_per_value": bytes_per_value}
+    n = {name: validate_positive_int(func, name, value) for name, value in sizes.items()}
+    per_token = n["d_c"] + n["d_rope"]  # one latent and one shared RoPE key, per layer
+    return n["n_layers"] * per_token * n["seq_len"] * n["batch"] * n["bytes_per_value"]

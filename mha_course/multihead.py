@@ -324,7 +324,7 @@ class MultiHeadAttention:
     __call__ = forward
 
     # ------------------------------------------------------------------ decoding with a cache
-    def init_cache(self, batch_shape=(), max_len=None, *, dtype=None):
+    def init_cache(self, batch_shape=(), max_len=None, *, dtype=None, window=None):
         """An empty KV cache for decoding with this layer, one token at a time.
 
         Parameters
@@ -335,6 +335,9 @@ class MultiHeadAttention:
             Most positions to hold, preallocated; None lets the cache grow (by doubling).
         dtype : numpy dtype, optional
             Dtype of the stored keys and values; default: that of the first ``x_t``.
+        window : int, optional
+            A rolling buffer of the last ``window`` positions: decoding then equals
+            ``forward(x, mask=sliding_window_mask(T, window))``, in memory that stays flat.
 
         Returns
         -------
@@ -344,8 +347,8 @@ class MultiHeadAttention:
         Raises
         ------
         ValueError
-            If ``batch_shape`` is not a tuple of non-negative integers, ``max_len`` is not a
-            positive integer, or ``dtype`` is not a floating dtype.
+            If ``batch_shape`` is not a tuple of non-negative integers, ``max_len`` or
+            ``window`` is not a positive integer, or ``dtype`` is not a floating dtype.
 
         Examples
         --------
@@ -353,7 +356,7 @@ class MultiHeadAttention:
         >>> len(cache), cache.keys.shape
         (0, (3, 2, 0, 4))
         """
-        return KVCache(self, batch_shape, max_len, dtype=dtype)
+        return KVCache(self, batch_shape, max_len, dtype=dtype, window=window)
 
     def decode_step(self, x_t, cache):
         """Attend from one new position to itself and every earlier one, using ``cache``.
@@ -361,8 +364,9 @@ class MultiHeadAttention:
         The forward pass's pieces on one token: project it, append its key and value (one per
         K/V head) to ``cache``, attend its query over all ``L`` cached positions (no mask is
         needed: every cached key is at or before the new token), merge the heads, ``W_o``.
-        Decoding T tokens one at a time gives the rows of ``forward(x, mask=causal_mask(T))``,
-        at O(d_model² + L·d_model) per step. With RoPE the new token sits at position
+        Decoding T tokens one at a time gives the rows of ``forward(x, mask=causal_mask(T))``
+        (with a rolling ``window``: of ``sliding_window_mask(T, window)``), at
+        O(d_model² + L·d_model) per step. With RoPE the new token sits at position
         ``cache.tokens_seen``, the number of tokens before it.
 
         Parameters
@@ -376,7 +380,8 @@ class MultiHeadAttention:
         -------
         out_t : ndarray, shape (..., 1, d_model)
         weights_t : ndarray, shape (..., h, 1, L)
-            Every head's weights over the ``L = len(cache)`` positions, this one included.
+            Every head's weights over the ``L = len(cache)`` positions, this one included,
+            oldest first.
 
         Raises
         ------
@@ -410,6 +415,7 @@ class MultiHeadAttention:
             kv_for_groups(cache.values),  # (..., g, 1, L, d_v)
         )  # -> (..., g, h/g, 1, d_v), (..., g, h/g, 1, L)
         heads, weights = ungroup_heads(heads), ungroup_heads(weights)  # (..., h, 1, d_v | L)
+        weights = cache.oldest_first(weights)  # a rolling buffer's slots in position order
         # (..., h, 1, d_v) -> (..., 1, h*d_v) -> (..., 1, d_model), in the cache's dtype if wider
         out = project(merge_heads(heads), self.W_o, self.b_o, heads.dtype)
         return out, weights

@@ -18,6 +18,9 @@ other is a known bug, huggingface/transformers#25199):
 
 - ``layout="half"`` (GPT-NeoX, Hugging Face ``rotate_half``): pair ``j`` is ``(j, j + d/2)``;
 - ``layout="interleaved"`` (Meta's original Llama code, GPT-J): pair ``j`` is ``(2j, 2j + 1)``.
+
+:func:`rope_permutation` gives the column order that converts one into the other (what Hugging
+Face's Llama conversion script does to ``W_q`` and ``W_k``).
 """
 
 from __future__ import annotations
@@ -189,3 +192,44 @@ def apply_rope(x, positions=None, *, base: float = 10000.0, layout: str = "half"
     out[..., 0::2] = a * cos - b * sin
     out[..., 1::2] = a * sin + b * cos
     return out
+
+
+def rope_permutation(d_k: int, h: int = 1) -> np.ndarray:
+    """Column order that turns weights trained with interleaved RoPE into half-split ones.
+
+    Per head, interleaved pair ``j`` is features ``(2j, 2j + 1)`` and half-split pair ``j`` is
+    ``(j, j + d_k/2)``; taking head by head the even features first, then the odd ones,
+    ``[0, 2, 4, ..., 1, 3, 5, ...]``, moves each interleaved pair to the place of its half-split
+    pair. So a layer with ``rope="interleaved"`` equals a layer with ``rope="half"`` whose
+    ``W_q`` and ``W_k`` (and biases) are ``W[:, perm]``: a permutation changes no dot product.
+    ``np.argsort(perm)`` converts back. Loading weights without it (the bug of
+    huggingface/transformers#25199) gives other scores at every offset but 0.
+
+    Parameters
+    ----------
+    d_k : int
+        Width of one head's queries and keys (even).
+    h : int, default 1
+        Number of heads laid side by side, as in a fused (d_model, h*d_k) projection.
+
+    Returns
+    -------
+    ndarray of int, shape (h*d_k,)
+
+    Raises
+    ------
+    ValueError
+        If ``d_k`` is not a positive even integer or ``h`` not a positive integer.
+
+    Examples
+    --------
+    >>> rope_permutation(4, h=2).tolist()
+    [0, 2, 1, 3, 4, 6, 5, 7]
+    """
+    func = "rope_permutation"
+    d_k = validate_positive_int(func, "d_k", d_k)
+    h = validate_positive_int(func, "h", h)
+    if d_k % 2:
+        raise fail(func, f"d_k={d_k} must be even (RoPE turns pairs of features)")
+    one_head = np.concatenate([np.arange(0, d_k, 2), np.arange(1, d_k, 2)])  # (d_k,)
+    return (np.arange(h)[:, None] * d_k + one_head).reshape(-1)  # (h, d_k) -> (h*d_k,)

@@ -11,6 +11,8 @@ import re
 
 import numpy as np
 import pytest
+from test_checks_lesson05 import CORRECT_05
+from test_checks_lesson06 import CORRECT_06
 
 import mha_course
 from mha_course import checks
@@ -101,6 +103,8 @@ CORRECT = {
     "04.4": ("check_param_count", _param_count),
     "04.5": ("check_mha_forward", _mha_forward),
     "04.6": ("check_cross_attention", _cross_attention),
+    **CORRECT_05,  # lesson 05's right answers live with its tests (tests/test_checks_lesson05.py)
+    **CORRECT_06,  # and lesson 06's (tests/test_checks_lesson06.py)
 }
 
 

@@ -2,7 +2,9 @@
 
 Decoding T tokens one at a time must give the rows of the full causal forward over the T
 tokens; the cache must grow without copying everything at each step, say clearly when it is
-full, and refuse input that does not fit it, before it changes.
+full, and refuse input that does not fit it, before it changes. A rolling buffer
+(``init_cache(window=W)``) must give the rows of the forward with ``sliding_window_mask`` for
+sequences longer than W, in memory that does not grow.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ import pytest
 from mha_course import (
     KVCache,
     MultiHeadAttention,
+    apply_rope,
     causal_mask,
     kv_cache_bytes,
+    sliding_window_mask,
     split_heads,
 )
 
@@ -30,8 +34,6 @@ random_layer = functools.partial(
 )
 DECODE = "MultiHeadAttention.decode_step"
 TOL = {np.float64: 1e-12, np.float32: 1e-5}
-
-
 
 
 def decode(layer, x, cache):
@@ -243,21 +245,29 @@ def test_an_int_batch_shape_means_one_batch_axis():
 
 
 # ---------------------------------------------------------------- the size of real caches
-# Published configurations (layers, KV heads, d_k); the cache at 4096 tokens in fp16.
+# Published configurations (layers, KV heads, d_k) and their cache per token in bf16, as the
+# models' papers and cards state it (DESIGN.md: Llama 3 8B 128 KiB, 70B 320 KiB per token).
 MODELS = {
-    # name: (n_layers, n_kv_heads, d_k, expected GiB at 4096 tokens, fp16, batch 1)
-    "Llama-2-7B": (32, 32, 128, 2.0),
-    "Llama-2-70B": (80, 8, 128, 1.25),
-    "Mistral-7B": (32, 8, 128, 0.5),
+    # name: (n_layers, n_kv_heads, d_k, KiB per token in bf16)
+    "Llama-2-7B (MHA)": (32, 32, 128, 512),
+    "Llama 3 8B": (32, 8, 128, 128),
+    "Llama 3 70B": (80, 8, 128, 320),
+    "Mistral 7B v0.1": (32, 8, 128, 128),
 }
 
 
 @pytest.mark.parametrize("name", list(MODELS))
-def test_kv_cache_bytes_of_published_models_at_4096_fp16_tokens(name):
-    n_layers, n_kv_heads, d_k, gib = MODELS[name]
+def test_kv_cache_bytes_of_published_models_per_token_and_at_4096_tokens(name):
+    n_layers, n_kv_heads, d_k, kib = MODELS[name]
+    assert kv_cache_bytes(n_layers, n_kv_heads, d_k, seq_len=1) == kib * 2**10
     got = kv_cache_bytes(n_layers, n_kv_heads, d_k, seq_len=4096)
-    assert got == 2 * n_layers * n_kv_heads * d_k * 4096 * 2  # K and V, fp16 = 2 bytes
-    assert got == gib * 2**30
+    assert got == 2 * n_layers * n_kv_heads * d_k * 4096 * 2  # K and V, bf16 = 2 bytes
+    assert got == kib * 4096 * 2**10
+
+
+def test_llama_3_70b_at_8k_tokens_is_2_5_gib_and_at_128k_40_gib():
+    assert kv_cache_bytes(80, 8, 128, seq_len=8192) == 2.5 * 2**30
+    assert kv_cache_bytes(80, 8, 128, seq_len=131072) == 40 * 2**30
 
 
 def test_kv_cache_bytes_scales_with_batch_and_value_width():
@@ -278,3 +288,155 @@ def test_kv_cache_bytes_refuses_non_positive_sizes(bad):
     args = {"n_layers": 2, "n_kv_heads": 2, "d_k": 4, "seq_len": 8, **bad}
     with pytest.raises(ValueError, match="^" + re.escape("kv_cache_bytes: ")):
         kv_cache_bytes(**args)
+
+
+# ------------------------------------------------------------------ the rolling buffer (window)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("batch_shape", [(), (2,), (2, 3)])
+@pytest.mark.parametrize("n_kv_heads", [None, 2, 1])
+@pytest.mark.parametrize("window", [1, 3, 7])
+def test_rolling_buffer_decode_equals_the_sliding_window_forward(
+    rng, window, n_kv_heads, batch_shape, dtype
+):
+    n = 11  # longer than every window: the buffer wraps around
+    layer = random_layer(rng, n_kv_heads=n_kv_heads)
+    x = rng.normal(size=(*batch_shape, n, D_MODEL)).astype(dtype)
+    full_out, full_weights = layer(x, mask=sliding_window_mask(n, window))
+    cache = layer.init_cache(batch_shape, window=window)
+    outs, weights = decode(layer, x, cache)
+    for t, w_t in enumerate(weights):
+        seen = min(t + 1, window)  # the last `window` positions, oldest first
+        assert w_t.shape == (*batch_shape, H, 1, seen)
+        np.testing.assert_allclose(w_t, full_weights[..., t : t + 1, t + 1 - seen : t + 1],
+                                   rtol=0, atol=TOL[dtype])
+        # what the windowed forward gives the keys outside the window: exactly 0
+        assert not full_weights[..., t, : t + 1 - seen].any()
+    np.testing.assert_allclose(np.concatenate(outs, axis=-2), full_out, rtol=0, atol=TOL[dtype])
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_rolling_buffer_with_rope_keeps_the_true_positions(layout):
+    rng = np.random.default_rng(7)
+    layer = random_layer(rng, n_kv_heads=2, rope=layout)  # d_k = 6: even
+    x = rng.normal(size=(2, 13, D_MODEL))
+    full_out, _ = layer(x, mask=sliding_window_mask(13, 4))
+    cache = layer.init_cache((2,), window=4)
+    outs, _ = decode(layer, x, cache)
+    np.testing.assert_allclose(np.concatenate(outs, axis=-2), full_out, rtol=0, atol=1e-12)
+    assert cache.tokens_seen == 13 and len(cache) == 4
+    # the cached keys were rotated at their own positions, not at their slots
+    k_raw = split_heads(x[:, -4:] @ layer.W_k + layer.b_k, 2)  # positions 9..12
+    expect = apply_rope(k_raw, np.arange(9, 13), layout=layout)
+    np.testing.assert_allclose(cache.oldest_first(np.swapaxes(cache.keys, -1, -2)),
+                               np.swapaxes(expect, -1, -2), rtol=0, atol=1e-12)
+
+
+def test_position_i_lives_in_slot_i_mod_window_and_tokens_seen_keeps_counting(rng):
+    layer = random_layer(rng, n_kv_heads=1)
+    W = 4
+    cache = layer.init_cache(window=W)
+    x = rng.normal(size=(10, D_MODEL))
+    k_all = split_heads(x @ layer.W_k + layer.b_k, 1)  # (1, 10, d_k)
+    for t in range(10):
+        layer.decode_step(x[t : t + 1], cache)
+        assert cache.tokens_seen == t + 1
+        assert len(cache) == min(t + 1, W) <= W
+        positions = cache.positions
+        assert sorted(positions.tolist()) == list(range(max(0, t + 1 - W), t + 1))
+        for slot, p in enumerate(positions):
+            assert p % W == slot
+            np.testing.assert_allclose(cache.keys[0, slot], k_all[0, p], rtol=0, atol=1e-14)
+    assert cache.positions.tolist() == [8, 9, 6, 7]
+
+
+def test_rolling_buffer_memory_is_flat_in_the_sequence_length(rng):
+    layer = random_layer(rng, n_kv_heads=2)
+    cache = layer.init_cache((3,), window=5)
+    sizes, buffers = [], set()
+    for x_t in rng.normal(size=(40, 3, 1, D_MODEL)):
+        layer.decode_step(x_t, cache)
+        sizes.append(cache.nbytes)
+        buffers.add(id(cache._k))
+    assert set(sizes) == {3 * 2 * 5 * (D_K + D_V) * 8}  # batch·g·W·(d_k + d_v)·8, from step 1
+    assert len(buffers) == 1  # allocated once, never reallocated
+    assert cache.capacity == 5
+
+
+def test_a_prompt_longer_than_the_window_keeps_its_last_window_positions(rng):
+    layer = random_layer(rng, n_kv_heads=2)
+    n, W, prompt = 12, 4, 7
+    x = rng.normal(size=(2, n, D_MODEL))
+    full_out, _ = layer(x, mask=sliding_window_mask(n, W))
+    cache = layer.init_cache((2,), window=W)
+    cache.append(split_heads(x[:, :prompt] @ layer.W_k + layer.b_k, 2),
+                 split_heads(x[:, :prompt] @ layer.W_v + layer.b_v, 2))
+    assert len(cache) == W and cache.tokens_seen == prompt
+    assert sorted(cache.positions.tolist()) == [3, 4, 5, 6]
+    outs, _ = decode(layer, x[:, prompt:], cache)
+    np.testing.assert_allclose(np.concatenate(outs, axis=-2), full_out[:, prompt:], rtol=0,
+                               atol=1e-12)
+
+
+def test_a_window_at_least_the_sequence_length_is_the_ordinary_cache(rng):
+    layer = random_layer(rng)
+    x = rng.normal(size=(T, D_MODEL))
+    plain, rolling = layer.init_cache(), layer.init_cache(window=T)
+    a, _ = decode(layer, x, plain)
+    b, _ = decode(layer, x, rolling)
+    np.testing.assert_array_equal(np.concatenate(a), np.concatenate(b))
+    np.testing.assert_array_equal(sliding_window_mask(T, T), causal_mask(T))
+
+
+def test_window_with_max_len_limits_the_positions_not_the_slots(rng):
+    layer = random_layer(rng)
+    cache = layer.init_cache(window=3, max_len=5)
+    for x_t in rng.normal(size=(5, 1, D_MODEL)):
+        layer.decode_step(x_t, cache)
+    assert len(cache) == 3 and cache.capacity == 3
+    assert error(lambda: layer.decode_step(np.zeros((1, D_MODEL)), cache)) == (
+        f"{DECODE}: the cache is full: it holds 5 of max_len=5 positions and cannot take 1 "
+        "more; make a larger one with init_cache(..., max_len=10), or with max_len=None to let "
+        "it grow"
+    )
+    assert cache.tokens_seen == 5 and cache.positions.tolist() == [3, 4, 2]
+
+
+@pytest.mark.parametrize("window, message", [
+    (0, "KVCache: window=0 must be an integer >= 1"),
+    (-2, "KVCache: window=-2 must be an integer >= 1"),
+    (2.0, "KVCache: window=2.0 must be an integer >= 1"),
+])
+def test_init_cache_refuses_a_window_below_one(window, message):
+    assert error(lambda: MultiHeadAttention(16, 4).init_cache(window=window)) == message
+
+
+def test_a_bad_step_leaves_a_rolling_buffer_unchanged(rng):
+    layer = random_layer(rng, n_kv_heads=2)
+    cache = layer.init_cache((2,), window=3)
+    for x_t in rng.normal(size=(5, 2, 1, D_MODEL)):
+        layer.decode_step(x_t, cache)
+    before = (cache.keys.copy(), cache.values.copy(), cache.tokens_seen, len(cache))
+    with pytest.raises(ValueError, match=re.escape(f"{DECODE}: x_t has shape (2, 2, 10)")):
+        layer.decode_step(np.zeros((2, 2, D_MODEL)), cache)
+    with pytest.raises(ValueError, match=re.escape("KVCache.append: k has shape (2, 2, 1, 5)")):
+        cache.append(np.zeros((2, 2, 1, 5)), np.zeros((2, 2, 1, D_V)))
+    other = random_layer(rng, n_kv_heads=2)
+    with pytest.raises(ValueError, match="cache was made by another layer"):
+        other.decode_step(np.zeros((2, 1, D_MODEL)), cache)
+    np.testing.assert_array_equal(cache.keys, before[0])
+    np.testing.assert_array_equal(cache.values, before[1])
+    assert (cache.tokens_seen, len(cache)) == before[2:]
+
+
+def test_oldest_first_is_the_identity_without_a_window_or_before_wrapping(rng):
+    layer = random_layer(rng)
+    cache = layer.init_cache(window=4)
+    for x_t in rng.normal(size=(3, 1, D_MODEL)):
+        layer.decode_step(x_t, cache)
+    x = np.arange(3)
+    assert cache.oldest_first(x) is x
+    layer.decode_step(rng.normal(size=(1, D_MODEL)), cache)
+    layer.decode_step(rng.normal(size=(1, D_MODEL)), cache)  # position 4 -> slot 0
+    assert cache.oldest_first(np.arange(4)).tolist() == [1, 2, 3, 0]
+    assert cache.positions[cache.oldest_first(np.arange(4))].tolist() == [1, 2, 3, 4]
+    assert "window=4" in repr(cache)

@@ -18,6 +18,7 @@ from mha_course import (
     apply_rope,
     causal_mask,
     merge_heads,
+    rope_permutation,
     scaled_dot_product_attention,
     sinusoidal_positions,
     split_heads,
@@ -252,3 +253,58 @@ def test_rope_layer_refuses_cross_attention_and_odd_d_k(rng):
         conftest.random_layer(rng, d_model=8, h=2, rope="yes")
     assert repr(random_layer(rng, rope="interleaved", rope_base=500000.0)).endswith(
         "rope='interleaved', rope_base=500000)")
+
+
+# ------------------------------------------------------- the two layouts, as weights are loaded
+def permuted_copy(layer, perm, rope):
+    """The same layer with W_q, W_k (and b_q, b_k) columns taken in the order ``perm``."""
+    other = conftest.random_layer(np.random.default_rng(0), d_model=layer.d_model, h=layer.h,
+                                  d_k=layer.d_k, d_v=layer.d_v, bias=layer.bias,
+                                  n_kv_heads=layer.n_kv_heads, rope=rope)
+    for name, p in layer.parameters().items():
+        setattr(other, name, p.copy())
+    perm_k = perm[: layer.n_kv_heads * layer.d_k]  # GQA: the first g heads' order, same pattern
+    other.W_q, other.b_q = layer.W_q[:, perm], layer.b_q[perm]
+    other.W_k, other.b_k = layer.W_k[:, perm_k], layer.b_k[perm_k]
+    return other
+
+
+@pytest.mark.parametrize("n_kv_heads", [None, 2])
+def test_permuting_w_q_and_w_k_makes_interleaved_equal_half(rng, n_kv_heads):
+    """What Hugging Face's Llama conversion does: interleaved weights, permuted, run half-split."""
+    interleaved = random_layer(rng, n_kv_heads=n_kv_heads, rope="interleaved")
+    half = permuted_copy(interleaved, rope_permutation(D_K, H), "half")
+    x = rng.normal(size=(B, T, D_MODEL))
+    np.testing.assert_allclose(half(x, mask=causal_mask(T))[0],
+                               interleaved(x, mask=causal_mask(T))[0], atol=1e-13)
+    back = permuted_copy(half, np.argsort(rope_permutation(D_K, H)), "interleaved")
+    np.testing.assert_allclose(back.W_q, interleaved.W_q)
+
+
+def test_loading_weights_in_the_wrong_layout_changes_scores_except_at_offset_0(rng):
+    """huggingface/transformers#25199: interleaved weights run with half-split RoPE, unpermuted."""
+    right = random_layer(rng, rope="interleaved")
+    wrong = permuted_copy(right, np.arange(H * D_K), "half")
+    x = rng.normal(size=(T, D_MODEL))
+    w_right, w_wrong = right(x)[1], wrong(x)[1]
+    assert not np.allclose(w_right, w_wrong, atol=1e-3)
+    # raw scores q_m·k_n: equal where m == n (no net rotation), different elsewhere
+    q = split_heads(x @ right.W_q + right.b_q, H)
+    k = split_heads(x @ right.W_k + right.b_k, H)
+    s_right = apply_rope(q, layout="interleaved") @ np.swapaxes(
+        apply_rope(k, layout="interleaved"), -1, -2)
+    s_wrong = apply_rope(q, layout="half") @ np.swapaxes(apply_rope(k, layout="half"), -1, -2)
+    diag = np.arange(T)
+    np.testing.assert_allclose(s_right[:, diag, diag], s_wrong[:, diag, diag], atol=1e-12)
+    off = ~np.eye(T, dtype=bool)
+    assert np.abs(s_right - s_wrong)[:, off].min() > 1e-6
+
+
+def test_rope_permutation_orders_even_features_first_in_each_head():
+    np.testing.assert_array_equal(rope_permutation(6), [0, 2, 4, 1, 3, 5])
+    np.testing.assert_array_equal(rope_permutation(4, 3), [0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11])
+    with pytest.raises(ValueError, match=r"^rope_permutation: d_k=5 must be even \(RoPE turns "
+                                         r"pairs of features\)$"):
+        rope_permutation(5)
+    with pytest.raises(ValueError, match=r"^rope_permutation: h=0 must be an integer >= 1$"):
+        rope_permutation(4, 0)

@@ -40,5 +40,7 @@ from .lesson01 import *  # noqa: F403
 from .lesson02 import *  # noqa: F403
 from .lesson03 import *  # noqa: F403
 from .lesson04 import *  # noqa: F403
+from .lesson05 import *  # noqa: F403
+from .lesson06 import *  # noqa: F403
 
 __all__ = ["CheckFailed", *sorted(name for name in dir() if name.startswith("check_"))]

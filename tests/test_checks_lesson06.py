@@ -1,0 +1,205 @@
+"""The checks of lesson 06's exercises: each passes the solution, lets the stub through, and
+names each classic mistake. (``tests/test_checks.py`` runs its generic tests, pass / stub /
+None / exception, over :data:`CORRECT_06` too.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mha_course
+from mha_course import checks
+from mha_course.checks import CheckFailed
+
+# ------------------------------------------------------------------ correct implementations
+
+
+def _cache_bytes_of(config, seq_len, batch=1, bytes_per_value=2):
+    d = config.get("head_dim", config["hidden_size"] // config["num_attention_heads"])
+    return (2 * config["num_hidden_layers"] * config["num_key_value_heads"] * d * seq_len * batch
+            * bytes_per_value)
+
+
+def _decode(layer, x, step=None):
+    """Token by token with a cache of every key and value so far (06.2's forbid: no layer
+    passes). ``step`` swaps in a wrong attention for the mistakes below."""
+    h = layer.h
+    keys, values, outs = [], [], []
+    for t in range(x.shape[-2]):
+        x_t = x[..., t : t + 1, :]
+        q = mha_course.split_heads(x_t @ layer.W_q, h)  # (B, h, 1, d_k)
+        keys.append(mha_course.split_heads(x_t @ layer.W_k, h))
+        values.append(mha_course.split_heads(x_t @ layer.W_v, h))
+        k, v = np.concatenate(keys, -2), np.concatenate(values, -2)  # (B, h, t+1, d)
+        heads, _ = (step or mha_course.scaled_dot_product_attention)(q, k, v)
+        outs.append(mha_course.merge_heads(heads) @ layer.W_o)
+    return np.concatenate(outs, -2)
+
+
+def _sliding_window_mask(T, window, S=None):
+    S = T if S is None else S
+    p = np.arange(T)[:, None] + S - T
+    s = np.arange(S)[None, :]
+    return (s <= p) & (s > p - window)
+
+
+def _absorbed_head(q_nope, q_rope, c, k_rope, W_uk, W_uv, scale=None, rope=True):
+    d = q_nope.shape[-1] + q_rope.shape[-1]
+    scores = (q_nope @ W_uk.T) @ c.T + (q_rope @ k_rope.T if rope else 0)
+    weights = mha_course.softmax(scores / (scale or np.sqrt(d)))
+    return (weights @ c) @ W_uv, weights
+
+
+def _chunk_attention(q, k, v, mask=None):
+    T, S = q.shape[-2], k.shape[-2]
+    mask = mha_course.causal_mask(T, S) if mask is None else mask(T, S)
+    return mha_course.scaled_dot_product_attention(q, k, v, mask=mask)
+
+
+CORRECT_06 = {
+    "06.1": ("check_cache_bytes", _cache_bytes_of),
+    "06.2": ("check_decode_with_cache", _decode),
+    "06.3": ("check_repeat_kv", lambda k, n_rep: np.repeat(k, n_rep, axis=1)),
+    "06.4": ("check_sliding_window_mask", _sliding_window_mask),
+    "06.5": ("check_absorbed_head", _absorbed_head),
+    "06.6": ("check_chunk_attention", _chunk_attention),
+}
+
+
+@pytest.mark.parametrize("ex", sorted(CORRECT_06))
+def test_check_passes_the_solution(ex, capsys):
+    name, fn = CORRECT_06[ex]
+    getattr(checks, name)(fn)
+    assert capsys.readouterr().out.startswith(f"Exercise {ex} passed: ")
+
+
+# --------------------------------------------------------------------- the targeted mistakes
+
+
+def _with_config(**changes):
+    def wrong(config, seq_len, batch=1, bytes_per_value=2):
+        return _cache_bytes_of({**config, **changes(config)} if callable(changes) else config,
+                               seq_len, batch, bytes_per_value)
+    return wrong
+
+
+def _cache_bytes_all_heads(config, seq_len, batch=1, bytes_per_value=2):
+    return _cache_bytes_of({**config, "num_key_value_heads": config["num_attention_heads"]},
+                           seq_len, batch, bytes_per_value)
+
+
+def _cache_bytes_no_head_dim(config, seq_len, batch=1, bytes_per_value=2):
+    return _cache_bytes_of({k: v for k, v in config.items() if k != "head_dim"}, seq_len, batch,
+                           bytes_per_value)
+
+
+def _decode_all_tokens(layer, x):
+    h = layer.h
+    k = mha_course.split_heads(x @ layer.W_k, h)
+    v = mha_course.split_heads(x @ layer.W_v, h)
+    outs = []
+    for t in range(x.shape[-2]):
+        q = mha_course.split_heads(x[..., t : t + 1, :] @ layer.W_q, h)
+        heads, _ = mha_course.scaled_dot_product_attention(q, k, v)  # the future too
+        outs.append(mha_course.merge_heads(heads) @ layer.W_o)
+    return np.concatenate(outs, -2)
+
+
+def _chunk_top_left(q, k, v):
+    return _chunk_attention(q, k, v, mask=lambda T, S: np.tril(np.ones((T, S), dtype=bool)))
+
+
+def _swm_top_left(T, window, S=None):
+    S = T if S is None else S
+    t, s = np.arange(T)[:, None], np.arange(S)[None, :]
+    return (s <= t) & (s > t - window)
+
+
+MISTAKES = [
+    ("cache-bytes-all-heads", "check_cache_bytes", _cache_bytes_all_heads,
+     r"you used num_attention_heads; the cache holds one key and one value per K/V head"),
+    ("cache-bytes-keys-only", "check_cache_bytes",
+     lambda config, seq_len, batch=1, bytes_per_value=2:
+         _cache_bytes_of(config, seq_len, batch, bytes_per_value) // 2,
+     r"you counted only the keys"),
+    ("cache-bytes-no-dtype", "check_cache_bytes",
+     lambda config, seq_len, batch=1, bytes_per_value=2:
+         _cache_bytes_of(config, seq_len, batch, 1),
+     r"you left out bytes_per_value"),
+    ("cache-bytes-hidden-over-heads", "check_cache_bytes", _cache_bytes_no_head_dim,
+     r"gpt-oss-120b without its windows .* the head width is config\['head_dim'\]"),
+    ("cache-bytes-float", "check_cache_bytes",
+     lambda config, seq_len, batch=1, bytes_per_value=2:
+         float(_cache_bytes_of(config, seq_len, batch, bytes_per_value)),
+     r"a float; return an int"),
+    ("cache-bytes-model-configs", "check_cache_bytes",
+     lambda config, seq_len, batch=1, bytes_per_value=2:
+         mha_course.model_configs.cache_bytes(config, seq_len, batch, bytes_per_value),
+     r"asks you to read the config's fields yourself; your answer calls "
+     r"mha_course.model_configs.cache_bytes"),
+    ("decode-sees-the-future", "check_decode_with_cache", _decode_all_tokens,
+     r"every step attended to all T tokens, the future too"),
+    ("decode-only-itself", "check_decode_with_cache",
+     lambda layer, x: _decode(layer, x, step=lambda q, k, v: (v[..., -1:, :], None)),
+     r"each step attended only to its own token"),
+    ("decode-no-w-o", "check_decode_with_cache",
+     lambda layer, x: mha_course.merge_heads(mha_course.split_heads(x @ layer.W_v, layer.h)),
+     r"you returned the merged heads: multiply by layer.W_o"),
+    ("decode-calls-the-layer", "check_decode_with_cache",
+     lambda layer, x: layer(x, mask=mha_course.causal_mask(x.shape[-2]))[0],
+     r"asks you to write the decoding loop and its cache yourself"),
+    ("decode-uses-decode-step", "check_decode_with_cache",
+     lambda layer, x: np.concatenate(
+         [layer.decode_step(x[..., t : t + 1, :], cache)[0]
+          for cache in [layer.init_cache(x.shape[:-2])] for t in range(x.shape[-2])], -2),
+     r"your answer calls mha_course.MultiHeadAttention.init_cache"),
+    ("repeat-kv-tile", "check_repeat_kv", lambda k, n_rep: np.tile(k, (1, n_rep, 1, 1)),
+     r"np.tile interleaves the K/V heads .* np.repeat\(k, n_rep, axis=1\)"),
+    ("repeat-kv-wrong-axis", "check_repeat_kv", lambda k, n_rep: np.repeat(k, n_rep, axis=2),
+     r"you repeated along the positions \(axis 2\)"),
+    ("window-top-left", "check_sliding_window_mask", _swm_top_left,
+     r"the band is aligned top-left"),
+    ("window-one-too-many", "check_sliding_window_mask",
+     lambda T, window, S=None: _sliding_window_mask(T, window + 1, S),
+     r"one key too many"),
+    ("window-symmetric", "check_sliding_window_mask",
+     lambda T, window, S=None: np.abs(np.arange(T)[:, None] - np.arange(T)[None, :]) < window,
+     r"the future is visible"),
+    ("window-calls-the-package", "check_sliding_window_mask", mha_course.sliding_window_mask,
+     r"asks you to build the mask yourself; your answer calls mha_course.sliding_window_mask"),
+    ("absorb-scale-d-c", "check_absorbed_head",
+     lambda q_nope, q_rope, c, k_rope, W_uk, W_uv: _absorbed_head(
+         q_nope, q_rope, c, k_rope, W_uk, W_uv, scale=np.sqrt(c.shape[-1] + q_rope.shape[-1])),
+     r"you scaled by √\(d_c \+ d_rope\)"),
+    ("absorb-no-rope", "check_absorbed_head",
+     lambda q_nope, q_rope, c, k_rope, W_uk, W_uv: _absorbed_head(
+         q_nope, q_rope, c, k_rope, W_uk, W_uv, rope=False),
+     r"the RoPE part is missing"),
+    ("absorb-untransposed", "check_absorbed_head",
+     lambda q_nope, q_rope, c, k_rope, W_uk, W_uv: (q_nope @ W_uk, None),
+     r"(?s)raised ValueError.*Likely mistake: a shape mismatch: W_uk is \(d_c, d_k\)"),
+    ("chunk-top-left", "check_chunk_attention", _chunk_top_left,
+     r"the mask is aligned top-left .* query t may see keys s <= S - T \+ t"),
+    ("chunk-no-mask", "check_chunk_attention", mha_course.scaled_dot_product_attention,
+     r"no mask: a query of the chunk sees the chunk's later tokens"),
+]
+
+
+@pytest.mark.parametrize(("check", "wrong", "pattern"), [m[1:] for m in MISTAKES],
+                         ids=[m[0] for m in MISTAKES])
+def test_check_names_the_likely_mistake(check, wrong, pattern, capsys):
+    with pytest.raises(CheckFailed, match=pattern) as info:
+        getattr(checks, check)(wrong)
+    assert str(info.value).startswith("Exercise 06.")
+    assert capsys.readouterr().out == "", "a failing check prints nothing"
+
+
+def test_leaky_chunk_mask_is_reported_as_a_property():
+    def leaky(q, k, v):
+        T, S = q.shape[-2], k.shape[-2]
+        mask = mha_course.causal_mask(T, S)
+        mask[..., 0, -1] = True  # the first new query sees the last one
+        return mha_course.scaled_dot_product_attention(q, k, v, mask=mask)
+
+    with pytest.raises(CheckFailed, match=r"where the mask is False"):
+        checks.check_chunk_attention(leaky)

@@ -1,0 +1,297 @@
+"""Multi-head latent attention (``mha_course.mla``) and ``mla_cache_bytes``.
+
+The absorbed form must equal the naive one to float64 round-off, with and without masks; the
+naive one must equal the definition written as a loop over heads, and PyTorch's
+``F.scaled_dot_product_attention`` on the same keys and values; decoding with the latent cache
+(absorbed or naive) must equal the causal forward; the cache holds ``d_c + d_rope`` values per
+token; and the cache bytes of DeepSeek-V2 and V3 follow from their published configurations.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from mha_course import (
+    LatentCache,
+    MultiHeadLatentAttention,
+    apply_rope,
+    causal_mask,
+    kv_cache_bytes,
+    mla_cache_bytes,
+    padding_mask,
+    sliding_window_mask,
+    softmax,
+)
+from mha_course.model_configs import MODELS, cache_bytes, values_per_layer_token
+
+# Every dimension different: d_model=18, h=3, d_c=7, d_rope=4, d_k=5, d_v=6, T=9.
+D_MODEL, H, D_C, D_ROPE, D_K, D_V, T = 18, 3, 7, 4, 5, 6, 9
+TOL = 1e-12
+
+
+def layer(rng=0, **sizes):
+    """A layer with N(0, 1/fan_in) weights (every entry nonzero), the module's sizes unless
+    overridden."""
+    args = {"d_model": D_MODEL, "h": H, "d_c": D_C, "d_rope": D_ROPE, "d_k": D_K, "d_v": D_V,
+            **sizes}
+    mla = MultiHeadLatentAttention(**args, rng=rng)
+    gen = np.random.default_rng(rng)
+    for name, W in mla.parameters().items():
+        setattr(mla, name, gen.normal(size=W.shape) / np.sqrt(W.shape[0]))
+    return mla
+
+
+def by_definition(mla, x, mask=None):
+    """MLA from its definition, one head at a time, positions 0..T-1 (x: (T, d_model))."""
+    n = x.shape[0]
+    c = x @ mla.W_dkv  # (T, d_c)
+    k_rope = apply_rope(x @ mla.W_kr)  # (T, d_rope), shared by all heads
+    outs, weights = [], []
+    for i in range(mla.h):
+        cols_k = slice(i * mla.d_k, (i + 1) * mla.d_k)
+        cols_v = slice(i * mla.d_v, (i + 1) * mla.d_v)
+        cols_r = slice(i * mla.d_rope, (i + 1) * mla.d_rope)
+        q_i = np.concatenate([x @ mla.W_q[:, cols_k], apply_rope(x @ mla.W_qr[:, cols_r])], -1)
+        k_i = np.concatenate([c @ mla.W_uk[:, cols_k], k_rope], -1)
+        v_i = c @ mla.W_uv[:, cols_v]
+        scores = q_i @ k_i.T / np.sqrt(mla.d_k + mla.d_rope)
+        w = softmax(scores, mask=None if mask is None else np.broadcast_to(mask, (n, n)))
+        outs.append(w @ v_i)
+        weights.append(w)
+    return np.concatenate(outs, -1) @ mla.W_o, np.stack(weights)
+
+
+MASKS = {
+    "none": lambda rng, lead: None,
+    "causal": lambda rng, lead: causal_mask(T),
+    "window": lambda rng, lead: sliding_window_mask(T, 3),
+    "padding": lambda rng, lead: padding_mask(rng.integers(1, T + 1, size=lead[-1]), T)
+    if lead else padding_mask([5], T)[0],
+    "random": lambda rng, lead: (rng.random((*lead, T, T)) < 0.5) | np.eye(T, dtype=bool),
+}
+
+
+@pytest.mark.parametrize("lead", [(), (2,), (2, 3)])
+@pytest.mark.parametrize("masking", list(MASKS))
+def test_absorbed_equals_naive_to_round_off(lead, masking):
+    rng = np.random.default_rng(11)
+    mla = layer()
+    x = rng.normal(size=(*lead, T, D_MODEL))
+    mask = MASKS[masking](rng, lead)
+    naive_out, naive_w = mla(x, mask=mask)
+    abs_out, abs_w = mla(x, mask=mask, absorbed=True)
+    assert naive_out.shape == abs_out.shape == (*lead, T, D_MODEL)
+    assert naive_w.shape == abs_w.shape == (*lead, H, T, T)
+    assert np.abs(abs_out - naive_out).max() <= TOL
+    assert np.abs(abs_w - naive_w).max() <= TOL
+    np.testing.assert_allclose(naive_w.sum(-1), 1.0, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("sizes", [{}, {"d_c": 2}, {"d_c": 40, "d_rope": 2},
+                                   {"h": 6, "d_k": 3, "d_v": 2}])
+def test_naive_form_equals_the_definition_head_by_head(sizes):
+    rng = np.random.default_rng(12)
+    mla = layer(**sizes)
+    x = rng.normal(size=(T, D_MODEL))
+    for mask in (None, causal_mask(T)):
+        want_out, want_w = by_definition(mla, x, mask)
+        for absorbed in (False, True):
+            out, w = mla(x, mask=mask, absorbed=absorbed)
+            assert np.abs(out - want_out).max() <= TOL
+            assert np.abs(w - want_w).max() <= TOL
+
+
+def test_the_scale_is_one_over_sqrt_of_d_k_plus_d_rope():
+    # If W_uk were folded in and the attention scaled by the width it sees, d_c + d_rope, the
+    # weights would be flatter or sharper than the naive form's: the rescale is what keeps them.
+    rng = np.random.default_rng(13)
+    mla = layer(d_c=30)  # d_c + d_rope = 34, d_k + d_rope = 9
+    x = rng.normal(size=(T, D_MODEL))
+    _, w = mla(x, absorbed=True)
+    _, w_def = by_definition(mla, x)
+    assert np.abs(w - w_def).max() <= TOL
+
+
+def test_float32_stays_float32():
+    mla = layer()
+    out, w = mla(np.ones((T, D_MODEL), np.float32), absorbed=True)
+    assert out.dtype == w.dtype == np.float32
+
+
+@pytest.mark.torch
+def test_naive_form_matches_torch_sdpa_with_an_explicit_mask(torch):
+    rng = np.random.default_rng(14)
+    mla = layer()
+    x = rng.normal(size=(2, T, D_MODEL))
+    mask = sliding_window_mask(T, 4)
+    out, _ = mla(x, mask=mask)
+    P = {name: torch.from_numpy(p) for name, p in mla.parameters().items()}
+    xt = torch.from_numpy(x)
+    pos = np.arange(T)
+
+    def rope(a):  # the same rotation, computed by the package on numpy, then back to torch
+        return torch.from_numpy(apply_rope(a.numpy(), pos))
+
+    def heads(y, n):  # (B, T, n*d) -> (B, n, T, d)
+        return y.unflatten(-1, (n, -1)).transpose(-3, -2)
+
+    c = xt @ P["W_dkv"]
+    k_rope = rope(xt @ P["W_kr"])[:, None].expand(-1, H, -1, -1)
+    q = torch.cat([heads(xt @ P["W_q"], H), rope(heads(xt @ P["W_qr"], H))], -1)
+    k = torch.cat([heads(c @ P["W_uk"], H), k_rope], -1)
+    v = heads(c @ P["W_uv"], H)
+    o = torch.nn.functional.scaled_dot_product_attention(q, k, v,
+                                                         attn_mask=torch.from_numpy(mask))
+    ref = o.transpose(-3, -2).flatten(-2) @ P["W_o"]
+    assert float(np.max(np.abs(out - ref.numpy()))) <= TOL
+
+
+def test_rope_on_the_latent_keys_would_block_absorption():
+    # Rotate head 0's whole key c W_uk (no decoupled part). Then q_m · R_n (W_ukᵀ c) =
+    # q_m R_{n-m} W_ukᵀ c: folding W_uk into the query once, at the query's position, does not
+    # give the scores: the matrix between depends on the key's position too.
+    rng = np.random.default_rng(15)
+    mla = layer(d_k=6)
+    x = rng.normal(size=(T, D_MODEL))
+    c = x @ mla.W_dkv
+    W_uk = mla.W_uk[:, :6]  # head 0
+    q = apply_rope(x @ mla.W_q[:, :6])  # (T, 6)
+    k = apply_rope(c @ W_uk)  # RoPE on the up-projected key
+    true_scores = q @ k.T
+    folded = (q @ W_uk.T) @ c.T  # what an absorbed query would compute
+    assert np.abs(folded - true_scores).max() > 0.1
+    # Without RoPE on that part the fold is exact: the decoupled design.
+    q0 = x @ mla.W_q[:, :6]
+    np.testing.assert_allclose((q0 @ W_uk.T) @ c.T, q0 @ (c @ W_uk).T, rtol=0, atol=1e-12)
+
+
+# --------------------------------------------------------------------------- decoding
+@pytest.mark.parametrize("absorbed", [True, False])
+@pytest.mark.parametrize("batch_shape", [(), (2,), (2, 3)])
+@pytest.mark.parametrize("max_len", [None, T])
+def test_decoding_with_the_latent_cache_equals_the_causal_forward(absorbed, batch_shape, max_len):
+    rng = np.random.default_rng(16)
+    mla = layer()
+    x = rng.normal(size=(*batch_shape, T, D_MODEL))
+    full_out, full_w = mla(x, mask=causal_mask(T))
+    cache = mla.init_cache(batch_shape, max_len=max_len)
+    for t in range(T):
+        out_t, w_t = mla.decode_step(x[..., t : t + 1, :], cache, absorbed=absorbed)
+        assert out_t.shape == (*batch_shape, 1, D_MODEL) and w_t.shape == (*batch_shape, H, 1,
+                                                                            t + 1)
+        assert np.abs(out_t - full_out[..., t : t + 1, :]).max() <= TOL
+        assert np.abs(w_t - full_w[..., t : t + 1, : t + 1]).max() <= TOL
+    assert len(cache) == cache.tokens_seen == T
+
+
+def test_the_cache_holds_the_latent_and_the_rotated_rope_key_only():
+    rng = np.random.default_rng(17)
+    mla = layer()
+    x = rng.normal(size=(2, T, D_MODEL))
+    cache = mla.init_cache((2,), max_len=T, dtype=np.float64)
+    assert cache.nbytes == 2 * T * (D_C + D_ROPE) * 8  # no head axis, no separate values
+    assert cache.values_per_token == D_C + D_ROPE
+    for t in range(T):
+        mla.decode_step(x[:, t : t + 1], cache)
+    np.testing.assert_allclose(cache.latent, x @ mla.W_dkv, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(cache.rope_keys, apply_rope(x @ mla.W_kr), rtol=0, atol=1e-12)
+    assert cache.latent.shape == (2, T, D_C) and cache.rope_keys.shape == (2, T, D_ROPE)
+    with pytest.raises(ValueError, match="read-only"):
+        cache.latent[0, 0, 0] = 1.0
+
+
+def test_a_growing_latent_cache_doubles():
+    mla = layer()
+    cache = mla.init_cache()
+    capacities = []
+    for x_t in np.random.default_rng(18).normal(size=(40, 1, D_MODEL)):
+        mla.decode_step(x_t, cache)
+        capacities.append(cache._buf.shape[-2])
+    assert sorted(set(capacities)) == [16, 32, 64]
+
+
+# ----------------------------------------------------------------------------- errors
+def error(call) -> str:
+    with pytest.raises(ValueError) as info:
+        call()
+    return str(info.value)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"d_rope": 3}, "MultiHeadLatentAttention: d_rope=3 must be even: RoPE turns pairs of "
+                    "features"),
+    ({"d_rope": 0}, "MultiHeadLatentAttention: d_rope=0 must be an integer >= 1"),
+    ({"d_c": 0}, "MultiHeadLatentAttention: d_c=0 must be an integer >= 1"),
+    ({"d_k": None, "h": 4}, "MultiHeadLatentAttention: d_model=18 is not divisible by h=4; "
+                            "pass d_k explicitly"),
+])
+def test_bad_sizes_are_named_errors(kwargs, message):
+    args = {"d_model": D_MODEL, "h": H, "d_c": D_C, "d_rope": D_ROPE, "d_k": D_K, **kwargs}
+    assert error(lambda: MultiHeadLatentAttention(**args)) == message
+
+
+def test_bad_inputs_to_forward_are_named_errors():
+    mla = layer()
+    assert error(lambda: mla(np.ones((T, 5)))) == (
+        "MultiHeadLatentAttention: x has shape (9, 5); expected (T, d_model) with d_model=18 "
+        "(from the layer)")
+    assert error(lambda: mla(np.ones((T, D_MODEL)), mask=np.ones((T, T + 1), bool))) == (
+        "MultiHeadLatentAttention: mask has shape (9, 10); expected a shape that broadcasts to "
+        "(..., T, T) = (9, 9)")
+
+
+def test_bad_decode_steps_leave_the_cache_unchanged():
+    mla = layer()
+    cache = mla.init_cache((2,), max_len=3)
+    for x_t in np.ones((3, 2, 1, D_MODEL)):
+        mla.decode_step(x_t, cache)
+    before = cache.latent.copy()
+    step = "MultiHeadLatentAttention.decode_step"
+    assert error(lambda: mla.decode_step(np.ones((2, 1, D_MODEL)), cache)) == (
+        f"{step}: the cache is full: it holds 3 of max_len=3 positions and cannot take 1 more; "
+        "make a larger one with init_cache(..., max_len=6), or with max_len=None to let it grow")
+    fresh = mla.init_cache((2,))
+    assert error(lambda: mla.decode_step(np.ones((3, 1, D_MODEL)), fresh)) == (
+        f"{step}: x_t has shape (3, 1, 18); expected (..., 1, d_model) with ... = (2,) (from "
+        "the cache), d_model=18 (from the layer)")
+    assert error(lambda: mla.decode_step(np.ones((2, 2, D_MODEL)), fresh)).startswith(
+        f"{step}: x_t has shape (2, 2, 18)")
+    assert re.match(rf"{step}: cache is made by another layer \(MultiHeadLatentAttention\(",
+                    error(lambda: layer().decode_step(np.ones((2, 1, D_MODEL)), fresh)))
+    assert error(lambda: mla.decode_step(np.ones((1, D_MODEL)), {})) == (
+        f"{step}: cache is a dict; expected a LatentCache from this layer's init_cache()")
+    np.testing.assert_array_equal(cache.latent, before)
+    assert len(fresh) == 0 and isinstance(fresh, LatentCache)
+
+
+# ------------------------------------------------------------ cache bytes of real models
+def test_deepseek_v2_caches_576_values_per_layer_and_token():
+    v2 = MODELS["DeepSeek-V2"]
+    assert values_per_layer_token(v2) == 576 == v2["kv_lora_rank"] + v2["qk_rope_head_dim"]
+    per_token = mla_cache_bytes(60, 512, 64, seq_len=1)
+    assert per_token == 60 * 576 * 2 == cache_bytes(v2, 1)
+    # "like GQA with 2.25 groups" of head_dim 128: 2 · 2.25 · 128 = 576
+    assert 576 == 2 * 2.25 * v2["qk_nope_head_dim"]
+    # against its 128 heads as plain MHA: 2 · 128 · 128 = 32,768 values, 56.9 times more
+    mha = kv_cache_bytes(60, 128, 128, seq_len=1)
+    assert mha / per_token == pytest.approx(32768 / 576)
+
+
+def test_deepseek_v3_has_one_more_layer_and_the_same_latent():
+    v3 = MODELS["DeepSeek-V3"]
+    assert cache_bytes(v3, 8192) == mla_cache_bytes(61, 512, 64, 8192) == 61 * 576 * 8192 * 2
+
+
+def test_forgetting_the_rope_key_undercounts_by_an_eighth():
+    assert mla_cache_bytes(60, 512, 64, 1000) / (60 * 512 * 1000 * 2) == 576 / 512
+
+
+@pytest.mark.parametrize("bad", [{"d_rope": 0}, {"seq_len": -1}, {"bytes_per_value": 2.0}])
+def test_mla_cache_bytes_refuses_non_positive_sizes(bad):
+    args = {"n_layers": 2, "d_c": 8, "d_rope": 2, "seq_len": 8, **bad}
+    name, value = next(iter(bad.items()))
+    with pytest.raises(ValueError, match=re.escape(f"mla_cache_bytes: {name}={value!r} must be")):
+        mla_cache_bytes(**args)
