@@ -77,7 +77,7 @@ def plot_weights(weights, tokens_q=TOKENS, tokens_k=None, ax=None, title=None,
 
 
 def plot_weights_panels(panels, tokens_q=TOKENS, tokens_k=None, titles=None, suptitle=None,
-                        vmax=None):
+                        vmax=None, figsize=None, spacing=None):
     """Draw several (T, S) weight matrices side by side on one colour scale and one colorbar.
 
     Used to compare masks (unmasked, causal, padded) or the sequences of a padded batch.
@@ -97,6 +97,11 @@ def plot_weights_panels(panels, tokens_q=TOKENS, tokens_k=None, titles=None, sup
         A title over the whole figure.
     vmax : float, optional
         Top of the shared colour scale (default 1).
+    figsize : (float, float), optional
+        The figure's size in inches; default about 0.38 inch per cell plus room for labels.
+    spacing : dict, optional
+        Padding for the constrained layout (``w_pad``, ``h_pad``, ``wspace``, ``hspace``, in
+        inches or fractions as matplotlib takes them), for panels that need more air.
 
     Returns
     -------
@@ -137,11 +142,11 @@ def plot_weights_panels(panels, tokens_q=TOKENS, tokens_k=None, titles=None, sup
         raise fail(func, f"titles has {len(titles)} entries; expected P={P}")
     T_max = max(len(q) for q in qs)
     S_max = max(len(k) for k in ks)
-    # About a third of an inch per cell, room for the rotated key labels under each panel and
-    # the query labels left of each, and space between the panel titles and the figure's title.
-    fig, axes = plt.subplots(1, P, figsize=(P * (0.32 * S_max + 1.3) + 1.0, 0.32 * T_max + 2.3),
-                             squeeze=False, layout="constrained")
-    fig.get_layout_engine().set(w_pad=0.12, h_pad=0.12, wspace=0.08)
+    if figsize is None:
+        figsize = (P * (0.38 * S_max + 1.5) + 1.2, 0.38 * T_max + 2.0)
+    fig, axes = plt.subplots(1, P, figsize=figsize, squeeze=False, layout="constrained")
+    if spacing:
+        fig.get_layout_engine().set(**spacing)
     axes = list(axes[0])
     for p, ax in enumerate(axes):
         img = plot_weights(panels[p], qs[p], ks[p], ax=ax, colorbar=False, vmax=vmax,
@@ -150,7 +155,7 @@ def plot_weights_panels(panels, tokens_q=TOKENS, tokens_k=None, titles=None, sup
             ax.set_ylabel("")
     fig.colorbar(img, ax=axes, fraction=0.046 / P, pad=0.02, label="attention weight")
     if suptitle:
-        fig.suptitle(suptitle, fontsize=12)
+        fig.suptitle(suptitle)
     return fig, axes
 
 

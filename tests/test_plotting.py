@@ -82,3 +82,10 @@ def test_panels_refuse_inconsistent_arguments(kwargs, message):
     kwargs.setdefault("tokens_q", ["a", "b"])
     with pytest.raises(ValueError, match=message):
         plot_weights_panels(**kwargs)
+
+
+def test_panels_take_a_size_and_spacing():
+    fig, _ = plot_weights_panels(np.full((2, 3, 3), 1 / 3), ["a", "b", "c"], figsize=(7, 3),
+                                 spacing={"w_pad": 0.2, "wspace": 0.1})
+    assert tuple(fig.get_size_inches()) == (7, 3)
+    assert fig.get_layout_engine().get()["wspace"] == 0.1
