@@ -33,8 +33,8 @@ import time
 import numpy as np
 from PIL import Image
 
-from mha_course.explorer import FIGSIZE, TOKENS, WIDGET_DPI, draw_explorer, explorer, plot_heads
-from mha_course.plotting import figure_png
+from mha_course.explorer import FIGSIZE, TOKENS, WIDGET_DPI, draw_explorer, explorer
+from mha_course.plotting import figure_png, plot_heads
 from mha_course.stepper import DPI as STEPPER_DPI
 from mha_course.stepper import MASKS, draw_stepper
 
@@ -58,7 +58,7 @@ def png_size(png: bytes) -> tuple[int, int]:
 
 def explorer_section(repeats: int) -> float:
     T = len(TOKENS)
-    widget_fig, _ = plot_heads(np.zeros((16, T, T)))  # as explorer() builds it, once
+    widget_fig, _ = plot_heads(np.zeros((16, T, T)), figsize=FIGSIZE)  # as explorer() does
     figure_png(widget_fig, dpi=WIDGET_DPI)  # warm the font cache and the renderer
     box = explorer()
     print(f"1. explorer redraw (draw_explorer + PNG), d_model=48 held, T={T}, {repeats} repeats")

@@ -4,8 +4,9 @@ Taught in ``notebooks/04_multi_head_attention.ipynb``.
 
 Three layers, so each can be tested on its own:
 
-- :func:`plot_heads` draws an (h, T, S) stack of weights as a grid of heatmaps with token labels
-  on the outer axes only and ONE shared colorbar (fast enough to redraw 16 heads interactively).
+- :func:`~mha_course.plotting.plot_heads` (in :mod:`mha_course.plotting`, importable from here
+  too) draws an (h, T, S) stack of weights as a grid of heatmaps with one shared colorbar, fast
+  enough to redraw 16 heads interactively.
 - :func:`draw_explorer` is a pure function (no widgets): it builds a seeded, untrained
   :class:`~mha_course.MultiHeadAttention` on fixed toy embeddings of the example sentence and
   returns the figure and a summary dict; :func:`summary_line` prints that summary in one line.
@@ -29,17 +30,14 @@ from __future__ import annotations
 
 import html
 import math
-import textwrap
 
 import numpy as np
-from matplotlib.cm import ScalarMappable
-from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 
-from ._validate import fail, validate_positive_int, validate_shape
+from ._validate import fail, validate_positive_int
 from .cost import attention_flops, param_count
 from .multihead import MultiHeadAttention
-from .plotting import TOKENS, figure_png
+from .plotting import HEAD_LABEL, TOKENS, figure_png, plot_heads, show_message
 
 #: Seed of the toy embeddings (fixed, so only the layer's ``seed`` changes the heads).
 EMBEDDING_SEED = 2017
@@ -54,10 +52,6 @@ CONTROLS_WIDTH = 260
 #: The initialisations :func:`draw_explorer` knows.
 INITS = ("fan_in", "xavier")
 
-_HEAD_LABEL = "head "  # axes labels "head 1".."head h": how heads_drawn is counted
-# Margins in inches (left: query labels, right: colorbar, bottom: key labels, top: title) and
-# the smallest gap between panels.
-_LEFT, _RIGHT, _BOTTOM, _TOP, _GAP = 0.75, 0.85, 0.7, 0.42, 0.16
 
 
 def toy_embeddings(d_model: int, tokens=TOKENS) -> np.ndarray:
@@ -112,192 +106,6 @@ def explorer_layer(d_model, h, d_k=None, *, seed=0, init="fan_in") -> MultiHeadA
             shape = getattr(layer, name).shape
             setattr(layer, name, rng.normal(scale=1 / math.sqrt(fan_in), size=shape))
     return layer
-
-
-def grid_shape(h: int, width: float, height: float, aspect: float = 1.0) -> tuple[int, int]:
-    """(rows, columns) that give ``h`` panels of height/width ``aspect`` the most room.
-
-    Among layouts whose panels are within 5 % of the largest, the one with the fewest empty
-    slots wins (3 heads: one row of three, not a 2 x 2 grid with an empty corner).
-
-    Examples
-    --------
-    >>> grid_shape(3, 5.3, 3.6), grid_shape(4, 5.3, 3.6), grid_shape(16, 5.3, 3.6)
-    ((1, 3), (2, 2), (3, 6))
-    """
-    options = []
-    for ncols in range(1, h + 1):
-        nrows = math.ceil(h / ncols)
-        cell = min((width - _GAP * (ncols - 1)) / ncols,
-                   (height - 2 * _GAP * (nrows - 1)) / nrows / aspect)
-        options.append((cell, nrows * ncols - h, nrows, ncols))
-    best = max(cell for cell, *_ in options)
-    good = [(empty, -cell, nrows, ncols) for cell, empty, nrows, ncols in options
-            if cell >= 0.95 * best]
-    _, _, nrows, ncols = min(good)
-    return nrows, ncols
-
-
-def plot_heads(weights, tokens_q=TOKENS, tokens_k=None, *, titles=None, suptitle=None,
-               vmax=None, fig=None, figsize=None, colorbar_label="attention weight"):
-    """Draw (h, T, S) attention weights as a grid of heatmaps with one shared colorbar.
-
-    Token labels go on the left column (queries) and the bottom row (keys) only, the axis names
-    and the colorbar appear once per figure, and the figure has a fixed size: that keeps it
-    legible and fast to redraw. The grid is chosen by :func:`grid_shape`. Pass the returned
-    figure back as ``fig`` to redraw into it: its heatmap axes are kept and reused (only the
-    images, titles and positions change), which is how the explorer redraws 16 heads quickly.
-
-    Parameters
-    ----------
-    weights : ndarray, shape (h, T, S)
-        One (T, S) matrix per head; rows are queries, columns keys.
-    tokens_q : sequence of str, length T
-        Query labels. Default: the example sentence.
-    tokens_k : sequence of str, length S, optional
-        Key labels. Default: ``tokens_q``.
-    titles : sequence of str, length h, optional
-        Panel titles; default ``"head 1"`` ... ``"head h"``.
-    suptitle : str, optional
-    vmax : float, optional
-        Top of the shared colour scale (default 1, so figures are comparable).
-    fig : matplotlib.figure.Figure, optional
-        A figure returned by an earlier call, to redraw into; default a new ``Figure`` (not
-        tracked by pyplot, so it needs no closing; show it with ``display(fig)``).
-    figsize : (float, float), optional
-        Size of a new figure in inches; default :data:`FIGSIZE`.
-    colorbar_label : str, default "attention weight"
-
-    Returns
-    -------
-    fig : matplotlib.figure.Figure
-    axes : list of matplotlib Axes, length h
-        The visible heatmap axes, labelled ``"head 1"`` ... (other axes: the colorbar, and
-        hidden spare heatmaps kept for reuse).
-
-    Raises
-    ------
-    ValueError
-        If ``weights`` is not 3-D, or the labels or titles do not match its shape.
-
-    Examples
-    --------
-    >>> fig, axes = plot_heads(np.full((3, 2, 2), 0.5), ["a", "b"])
-    >>> len(axes), len(fig.axes)  # three heatmaps and one shared colorbar
-    (3, 4)
-    """
-    func = "plot_heads"
-    weights = np.asarray(weights)
-    tokens_q = list(tokens_q)
-    tokens_k = tokens_q if tokens_k is None else list(tokens_k)
-    known = {"T": (len(tokens_q), "tokens_q"), "S": (len(tokens_k), "tokens_k")}
-    h, T, S = validate_shape(func, "weights", weights, ("h", "T", "S"), known, batch=False).values()
-    titles = [f"{_HEAD_LABEL}{i + 1}" for i in range(h)] if titles is None else list(titles)
-    if len(titles) != h:
-        raise fail(func, f"titles has {len(titles)} entries; expected h={h}")
-
-    state = getattr(fig, "_heads_state", None)
-    if fig is None or state is None or state["tokens"] != (tokens_q, tokens_k):
-        size = tuple(figsize or (fig.get_size_inches() if fig is not None else FIGSIZE))
-        fig = fig if fig is not None else Figure(figsize=size)
-        fig.clear()
-        fig.set_size_inches(*size)
-        state = _build_heads_figure(fig, tokens_q, tokens_k, colorbar_label)
-    pool, norm = state["pool"], state["norm"]
-    norm.vmax = 1.0 if vmax is None else float(vmax)
-    state["colorbar"].update_normal(state["colorbar"].mappable)
-    state["message"].set_visible(False)
-    for artist in state["frame"]:
-        artist.set_visible(True)
-    while len(pool) < h:  # build heatmap axes only once per figure; later calls reuse them
-        pool.append(_new_heatmap(fig, len(pool), T, S, tokens_q, tokens_k, norm))
-
-    # The grid with the most room, panels of equal size centred between fixed margins.
-    W, H = state["size"]
-    free_w, free_h = W - _LEFT - _RIGHT, H - _BOTTOM - _TOP
-    nrows, ncols = grid_shape(h, free_w, free_h, aspect=T / S)
-    gap_w, gap_h = _GAP, 2 * _GAP  # rows need room for the panel titles
-    cell = min((free_w - gap_w * (ncols - 1)) / ncols,
-               (free_h - gap_h * (nrows - 1)) / nrows * S / T)
-    cell_w, cell_h = cell, cell * T / S
-    x0 = _LEFT + (free_w - ncols * cell_w - gap_w * (ncols - 1)) / 2
-    y_top = H - _TOP - (free_h - nrows * cell_h - gap_h * (nrows - 1)) / 2
-    # Labels as large as a panel's rows allow, between 5 and 8 points.
-    font = max(5.0, min(8.0, 0.8 * 72 * cell_h / T))
-    axes = []
-    for i, (ax, img, xs, ys) in enumerate(pool):
-        if i >= h:
-            ax.set_visible(False)
-            continue
-        r, c = divmod(i, ncols)
-        left = x0 + c * (cell_w + gap_w)
-        bottom = y_top - (r + 1) * cell_h - r * gap_h
-        ax.set_position([left / W, bottom / H, cell_w / W, cell_h / H])
-        ax.set_visible(True)
-        img.set_data(weights[i])
-        # A fixed title height skips matplotlib's per-axes title placement (a costly step).
-        ax.set_title(titles[i], fontsize=min(font + 1, 10), y=1.0, pad=2)
-        for texts, show in ((xs, i + ncols >= h), (ys, c == 0)):
-            # key labels under the last panel of each column, query labels left of the first
-            for text in texts:
-                text.set_visible(show)
-                if show and text.get_fontsize() != font:
-                    text.set_fontsize(font)
-        axes.append(ax)
-    fig.suptitle(suptitle or "", y=1 - 0.08 / H, va="top", fontsize=10)
-    return fig, axes
-
-
-def _build_heads_figure(fig, tokens_q, tokens_k, colorbar_label) -> dict:
-    """The parts of a heads figure that never move: colorbar, axis names, the message text."""
-    W, H = fig.get_size_inches()
-    norm = Normalize(0.0, 1.0)
-    # One colorbar, one name per axis, at fixed places (no layout engine: it costs a draw).
-    cax = fig.add_axes([1 - 0.68 / W, _BOTTOM / H, 0.14 / W, 1 - (_BOTTOM + _TOP) / H])
-    colorbar = fig.colorbar(ScalarMappable(norm, "viridis"), cax=cax)
-    colorbar.set_label(colorbar_label, fontsize=9)
-    colorbar.ax.tick_params(labelsize=8)
-    names = [fig.text(0.5 * (_LEFT + W - _RIGHT) / W, 0.04 / H, "key (attended to)",
-                      ha="center", va="bottom", fontsize=8),
-             fig.text(0.06 / W, 0.5 * (_BOTTOM + H - _TOP) / H, "query (attending)",
-                      rotation=90, ha="left", va="center", fontsize=8)]
-    message = fig.text(0.5, 0.5, "", ha="center", va="center", fontsize=10, color="firebrick",
-                       family="monospace", visible=False)
-    state = {"tokens": (tokens_q, tokens_k), "norm": norm, "pool": [], "colorbar": colorbar,
-             "message": message, "size": (W, H), "frame": [cax, *names]}
-    fig._heads_state = state
-    return state
-
-
-def _new_heatmap(fig, index, T, S, tokens_q, tokens_k, norm):
-    ax = fig.add_axes([0, 0, 1, 1], label=f"{_HEAD_LABEL}{index + 1}")
-    img = ax.imshow(np.zeros((T, S)), cmap="viridis", norm=norm, interpolation="nearest",
-                    aspect="auto")
-    ax.xaxis.set_visible(False)  # no ticks at all; the labels are the texts below
-    ax.yaxis.set_visible(False)
-    # Token labels as plain text artists, not tick labels: the tick machinery (locators,
-    # tick lines, label bounding boxes) would double the redraw time of 16 panels.
-    xs = [ax.text(j, -0.03, tok, transform=ax.get_xaxis_transform(), rotation=90,
-                  ha="center", va="top", fontsize=7) for j, tok in enumerate(tokens_k)]
-    ys = [ax.text(-0.03, t, tok, transform=ax.get_yaxis_transform(), ha="right",
-                  va="center", fontsize=7) for t, tok in enumerate(tokens_q)]
-    return ax, img, xs, ys
-
-
-def show_message(fig, message: str, hint: str = "") -> Figure:
-    """Hide every heatmap of a heads figure and show ``message`` in its place (same size)."""
-    if getattr(fig, "_heads_state", None) is None:
-        fig, _ = plot_heads(np.zeros((1, len(TOKENS), len(TOKENS))), fig=fig)
-    state = fig._heads_state
-    for ax, *_ in state["pool"]:
-        ax.set_visible(False)
-    for artist in state["frame"]:  # the colorbar and the axis names: nothing to name
-        artist.set_visible(False)
-    text = "\n".join(textwrap.wrap(message, 48)) + (f"\n\n{hint}" if hint else "")
-    state["message"].set_text(text)
-    state["message"].set_visible(True)
-    fig.suptitle("")
-    return fig
 
 
 def colour_top(weights) -> float:
@@ -380,6 +188,7 @@ def draw_explorer(h, d_k, *, d_model=48, hold_d_model=True, seed=0, init="fan_in
     fig, _ = plot_heads(
         weights,
         fig=fig,
+        figsize=FIGSIZE,
         vmax=top,
         suptitle=f"untrained heads ({init.replace('_', '-')} init): h={h}, d_k={layer.d_k}, "
                  f"d_model={d_model}",
@@ -387,7 +196,7 @@ def draw_explorer(h, d_k, *, d_model=48, hold_d_model=True, seed=0, init="fan_in
     summary.update(
         d_k=layer.d_k,
         heads_drawn=sum(1 for ax in fig.axes if ax.get_visible() and ax.images
-                        and ax.get_label().startswith(_HEAD_LABEL)),
+                        and ax.get_label().startswith(HEAD_LABEL)),
         param_count=param_count(d_model, h, layer.d_k),
         flops=attention_flops(len(TOKENS), d_model, h, layer.d_k),
         weights_shape=weights.shape,
@@ -520,7 +329,7 @@ def explorer(*, d_model=48, seed=0):
                                                 min_width=f"{width}px"))
     # One figure for the widget's life, with all 16 heatmap axes built up front: a redraw then
     # only moves axes and swaps images (see plot_heads), and memory does not grow.
-    heads_fig, _ = plot_heads(np.zeros((16, len(TOKENS), len(TOKENS))))
+    heads_fig, _ = plot_heads(np.zeros((16, len(TOKENS), len(TOKENS))), figsize=FIGSIZE)
 
     def redraw(change=None):
         fig, summary = draw_explorer(h_slider.value, d_k_slider.value, d_model=d_model,

@@ -17,8 +17,6 @@ from mha_course.explorer import (
     draw_explorer,
     explorer,
     explorer_layer,
-    grid_shape,
-    plot_heads,
     summary_items,
     summary_line,
     toy_embeddings,
@@ -155,18 +153,6 @@ def test_the_error_then_heads_again_in_one_figure():
     assert not any(t.get_visible() and "divisible" in t.get_text() for t in fig.texts)
 
 
-@pytest.mark.parametrize(("h", "rows_cols"), [(1, (1, 1)), (2, (1, 2)), (3, (1, 3)),
-                                              (4, (2, 2)), (6, (2, 3)), (8, (2, 4))])
-def test_small_head_counts_fill_their_grid(h, rows_cols):
-    assert grid_shape(h, 5.3, 3.6) == rows_cols
-
-
-@pytest.mark.parametrize("h", range(1, 17))
-def test_grid_holds_every_head_with_less_than_a_row_spare(h):
-    nrows, ncols = grid_shape(h, 5.3, 3.6)
-    assert nrows * ncols >= h > (nrows - 1) * ncols
-
-
 def test_invalid_sizes_raise_value_error_naming_the_function():
     with pytest.raises(ValueError, match="draw_explorer: h=0 must be an integer >= 1"):
         draw_explorer(0, 12)
@@ -198,18 +184,6 @@ def test_redrawing_into_a_figure_reuses_its_axes_and_hides_the_spares():
     assert summary["heads_drawn"] == 2
     visible = _heatmaps(fig)
     np.testing.assert_array_equal(visible[1].images[0].get_array(), summary["weights"][1])
-
-
-def test_plot_heads_rejects_labels_that_do_not_match_the_weights():
-    with pytest.raises(ValueError, match=r"plot_heads: weights has shape \(2, 3, 3\)"):
-        plot_heads(np.zeros((2, 3, 3)), ["a", "b"])
-    with pytest.raises(ValueError, match="titles has 1 entries; expected h=2"):
-        plot_heads(np.zeros((2, 2, 2)), ["a", "b"], titles=["x"])
-
-
-def test_plot_heads_takes_a_figure_size():
-    fig, _ = plot_heads(np.full((3, 2, 2), 0.5), ["a", "b"], figsize=(9, 3))
-    assert tuple(fig.get_size_inches()) == (9, 3)
 
 
 # ----------------------------------------------------------------------------- the widget
