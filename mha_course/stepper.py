@@ -355,7 +355,7 @@ def stepper_widget(*, seed: int = 0):
     -------
     ipywidgets.VBox
         Children: an ``HBox`` of the controls (a "divide by √d_k" checkbox, a temperature
-        ``SelectionSlider`` over :data:`TEMPERATURES`, a mask ``ToggleButtons``), an ``HTML``
+        ``SelectionSlider`` over :data:`TEMPERATURES`, a mask ``Dropdown``), an ``HTML``
         line with :func:`stepper_summary_line`, and an ``Image`` with the figure (960 x 300
         pixels at every setting).
 
@@ -372,9 +372,9 @@ def stepper_widget(*, seed: int = 0):
     temperature = widgets.SelectionSlider(options=[(f"{t:g}", t) for t in TEMPERATURES],
                                           value=1.0, description="τ", continuous_update=False,
                                           layout=widgets.Layout(width="260px", flex="0 0 auto"))
-    mask = widgets.ToggleButtons(options=list(MASKS), value="none", description="mask",
-                                 style={"button_width": "80px", "description_width": "40px"},
-                                 layout=widgets.Layout(width="340px", flex="0 0 auto"))
+    mask = widgets.Dropdown(options=list(MASKS), value="none", description="mask",
+                            style={"description_width": "40px"},
+                            layout=widgets.Layout(width="180px", flex="0 0 auto"))
     width, height = (round(FIGSIZE[0] * DPI), round(FIGSIZE[1] * DPI))
     summary = widgets.HTML(layout=widgets.Layout(width=f"{width}px", height="40px"))
     image = widgets.Image(format="png", width=width, height=height,

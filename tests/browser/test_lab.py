@@ -276,10 +276,10 @@ def test_stepper_redraws_when_its_controls_change(run_lesson, tmp_path):
         pictures.append(_image(stepper, pictures[-1]))
 
         # The causal mask: 15 cells of 6 x 6 are −∞; padding: 2 columns of 6 rows.
-        stepper.locator(".widget-toggle-buttons button", has_text="causal").click()
+        stepper.locator("select").select_option("causal")
         expect(summary).to_contain_text("mask causal: 15 cells −∞", timeout=TIMEOUT_MS)
         pictures.append(_image(stepper, pictures[-1]))
-        stepper.locator(".widget-toggle-buttons button", has_text="padding").click()
+        stepper.locator("select").select_option("padding")
         expect(summary).to_contain_text("mask padding: 12 cells −∞", timeout=TIMEOUT_MS)
         expect(summary).to_contain_text("most weight on <pad>: 0.00", timeout=TIMEOUT_MS)
         pictures.append(_image(stepper, pictures[-1]))
