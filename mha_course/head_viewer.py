@@ -315,7 +315,7 @@ def figure_png(fig, dpi=WIDGET_DPI) -> bytes:
     return buf.getvalue()
 
 
-def head_viewer(model, batch, vocab=VOCAB):
+def head_viewer(model, batch, vocab=VOCAB, *, extra_controls=()):
     """The interactive head viewer for ``model`` on the examples of ``batch``.
 
     Parameters
@@ -326,6 +326,8 @@ def head_viewer(model, batch, vocab=VOCAB):
         padding (its ``2n + 1`` positions).
     vocab : sequence of str, default :data:`mha_course.tasks.VOCAB`
         The label of every token id.
+    extra_controls : sequence of ipywidgets.Widget, optional
+        Put first in the row of the example and token menus (the app's model switch).
 
     Returns
     -------
@@ -403,4 +405,4 @@ def head_viewer(model, batch, vocab=VOCAB):
         toggle.observe(redraw, names="value")
     redraw()
     toggles = widgets.HBox([*layer_toggles, widgets.Label("heads:"), *head_toggles.values()])
-    return widgets.VBox([widgets.HBox([example, token]), toggles, summary, image])
+    return widgets.VBox([widgets.HBox([*extra_controls, example, token]), toggles, summary, image])
