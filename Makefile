@@ -9,10 +9,11 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 PORT   ?= 8888
 NOTEBOOKS := $(wildcard notebooks/*.ipynb) $(wildcard solutions/*.ipynb)
 
-.PHONY: help lab test lint unit nbval exercises notebook check assign bench clean-venv
+.PHONY: help lab app test lint unit nbval exercises notebook check assign bench clean-venv
 
 help:
 	@echo "make lab    set up .venv and open the course in JupyterLab (127.0.0.1, token auth)"
+	@echo "make app    the four widgets on one page, for a projector (Voila; Ctrl-C stops it)"
 	@echo "make test   set up .venv with the test extras and run every test"
 	@echo "make check EX=03   check your exercises/03_*.ipynb against the solutions"
 	@echo "make exercises     regenerate exercises/ from solutions/"
@@ -27,6 +28,10 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -e .
 	touch $@
 
+$(VENV)/.installed-app: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -e '.[app]'
+	touch $@
+
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -e '.[test]'
 	touch $@
@@ -34,6 +39,17 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 lab: $(VENV)/.installed
 	$(BIN)/jupyter lab --ip=127.0.0.1 --port=$(PORT) $(ROOT_FLAG) \
 	    --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/notebooks
+
+# The instructors' app: notebooks/app.ipynb served by Voila without its code cells, the four widgets
+# in tabs. mha_course/voila_app holds Voila's settings (voila.json: 127.0.0.1 only, no retrying
+# other ports, a Content-Security-Policy that keeps the page on this server) and the page template
+# (Voila's, without its CDN links), found through JUPYTER_PATH. A fresh token at every start: the
+# URL is printed. One kernel per visitor. Ctrl-C stops the server and its kernels.
+APP_PORT ?= 8866
+app: $(VENV)/.installed-app
+	JUPYTER_PATH="$(CURDIR)/mha_course/voila_app$(if $(JUPYTER_PATH),:$(JUPYTER_PATH))" \
+	$(BIN)/voila notebooks/app.ipynb --Voila.config_file_paths="$(CURDIR)/mha_course/voila_app" \
+	    --port=$(APP_PORT) --token --Voila.log_level=INFO
 
 # ruff lints the notebooks' code cells too (lessons, solutions, generated exercises).
 lint: $(VENV)/.installed-test
