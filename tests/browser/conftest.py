@@ -34,7 +34,7 @@ from mha_course.grading.run import descendants  # the kernel-process walker of t
 from .labdriver import (
     cell_report,
     close_notebook,
-    lessons,
+    notebooks,
     open_lab,
     open_notebook,
     run_all,
@@ -112,9 +112,10 @@ def _free_port() -> int:
 
 
 def _copy_lessons(dest: Path) -> None:
-    """Copy the lessons byte for byte: the test runs what a learner opens."""
+    """Copy the lessons (and the app's notebook) byte for byte: the test runs what a learner
+    opens."""
     dest.mkdir(parents=True)
-    for src in lessons():
+    for src in notebooks():
         shutil.copyfile(src, dest / src.name)
 
 

@@ -22,8 +22,15 @@ RAISES_TAG = "raises-exception"
 
 
 def lessons() -> list[Path]:
-    """The lesson notebooks the suite runs, in course order."""
-    return sorted(LESSONS_DIR.glob("*.ipynb"))
+    """The numbered lessons (``NN_topic.ipynb``), in course order."""
+    return sorted(LESSONS_DIR.glob("[0-9][0-9]_*.ipynb"))
+
+
+def notebooks() -> list[Path]:
+    """Every notebook the suite runs in JupyterLab: the lessons, then the others (the app's
+    ``app.ipynb``, which ``make app`` serves with Voila, runs in JupyterLab too)."""
+    others = sorted(set(LESSONS_DIR.glob("*.ipynb")) - set(lessons()))
+    return lessons() + others
 
 
 # Finds the open NotebookPanel for a path. Every script below starts with it.

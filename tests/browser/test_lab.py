@@ -15,7 +15,7 @@ import pytest
 
 import mha_course
 
-from .labdriver import lesson_problems, lessons, panel_id
+from .labdriver import lesson_problems, lessons, notebooks, panel_id
 
 pytestmark = pytest.mark.browser
 
@@ -26,7 +26,8 @@ WIDGET_LESSONS = ("03_", "04_")
 LAPTOP_VIEWPORT = {"width": 1366, "height": 650}
 
 
-@pytest.mark.parametrize("lesson", [p.name for p in lessons()])
+# Every lesson, and the app's notebook (notebooks/app.ipynb: the widgets that `make app` serves).
+@pytest.mark.parametrize("lesson", [p.name for p in notebooks()])
 def test_lesson_runs_all_cells_in_jupyterlab_without_errors(run_lesson, lesson):
     run = run_lesson(lesson)
     print(f"\n{lesson}: seconds {run.seconds}")
