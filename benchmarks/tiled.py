@@ -1,4 +1,4 @@
-"""Benchmark ``tiled_attention`` against standard attention and torch's causal SDPA.
+"""Benchmark ``tiled_attention`` against standard attention and torch's SDPA.
 
 Run from the repository root (one thread unless ``--threads N``)::
 
@@ -12,7 +12,9 @@ and:
 
 - tiled vs standard attention (``scaled_dot_product_attention``, which also returns the
   (8, n, n) weights): time ratio and peak extra traced memory (tracemalloc) ratio;
-- causal tiled vs ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``;
+- tiled vs ``torch.nn.functional.scaled_dot_product_attention`` (its fused flash kernel and its
+  math fallback), without a mask and causal, with the *matmul floor*: the time of the tiles'
+  matrix products alone in NumPy's BLAS, the least any NumPy tile loop could take;
 - a sweep of ``block_size`` from 64 to 1024, and which one is fastest;
 - the targets, each met or MISSED.
 
@@ -49,7 +51,7 @@ torch = bench.torch  # None when torch is not installed
 
 H, D_K = 8, 64  # MultiHeadAttention(d_model=512, h=8): 8 heads of width 64
 BLOCKS = (64, 128, 256, 512, 1024)
-TARGETS = {"time": 1.1, "memory": 0.15, "causal": 1.0}
+TARGETS = {"time": 1.1, "memory": 0.15, "fused": 0.8}
 DEFAULT_BLOCK = inspect.signature(mc.tiled_attention).parameters["block_size"].default
 
 
@@ -125,15 +127,16 @@ def compare_with_standard(sizes, block, rng) -> dict:
     return rows
 
 
-def compare_causal(sizes, block, rng) -> dict:
-    """Causal tiled (skipping tiles above the diagonal) vs torch's causal SDPA, both its fused
-    kernel and its math fallback, and vs the package's standard attention with a causal mask."""
+def compare_with_torch(sizes, block, rng) -> dict:
+    """Tiled vs torch's SDPA (its fused kernel and its math fallback) and vs standard attention,
+    without a mask and causal, with the matmul floor of the tiles tiled visits."""
     print(
-        f"\n== causal: tiled (block_size={block}) vs torch F.scaled_dot_product_attention"
-        "(is_causal=True)\n  and vs standard attention with causal_mask(n); ratio < 1 = tiled"
-        " faster\n  fused = torch on 4-D (1, 8, n, 64) tensors; math = on 3-D (8, n, 64);\n"
-        "  matmul floor = the tiles tiled visits x the time of one tile's q·kᵀ and p·v matmuls\n"
-        "  in NumPy's BLAS: the least tiled could take with free softmax work and no Python"
+        f"\n== tiled (block_size={block}) vs torch F.scaled_dot_product_attention, no mask and "
+        "causal;\n  ratio < 1 = tiled faster. fused = torch on 4-D (1, 8, n, 64) tensors (its "
+        "flash kernel);\n  math = on 3-D (8, n, 64) (the full scores); standard = the package's "
+        "scaled_dot_product_attention\n  (with causal_mask(n) when causal). matmul floor = the "
+        "tiles tiled visits x the time of one\n  tile's q·kᵀ and p·[v | 1] matmuls in NumPy's "
+        "BLAS: the least tiled could take with free\n  softmax work and no Python"
     )
     if torch is None:
         print("  torch not installed: skipped")
@@ -141,45 +144,50 @@ def compare_causal(sizes, block, rng) -> dict:
     rows = {}
     for n in sizes:
         q, k, v = make_qkv(n, rng)
-        mask = mc.causal_mask(n)
-        funcs = {
-            "tiled": partial(mc.tiled_attention, q, k, v, causal=True, block_size=block),
-            "fused": torch_sdpa(q, k, v, causal=True, fused=True),
-            "math": torch_sdpa(q, k, v, causal=True, fused=False),
-            "standard": partial(mc.scaled_dot_product_attention, q, k, v, mask),
-        }
         # The matmul floor: the two products of one (8, block, block) tile, timed alone in the
-        # same round-robin, times the number of tiles the causal walk visits.
+        # same round-robin, times the number of tiles the walk visits.
         b = min(block, n)
-        qb, kTb, vb = q[:, :b], np.swapaxes(k[:, :b], -1, -2), v[:, :b]
+        qb, kTb = q[:, :b], np.swapaxes(k[:, :b], -1, -2)
+        v1b = np.concatenate([v[:, :b], np.ones((H, b, 1), dtype=v.dtype)], axis=-1)
         pb = rng.random((H, b, b), dtype=np.float32)
-        funcs.update(qk_tile=lambda qb=qb, kTb=kTb: qb @ kTb, pv_tile=lambda pb=pb, vb=vb: pb @ vb)
-        tiles = sum(
-            len(list(tiled_module._key_blocks(t0, min(t0 + b, n), n, n, b, True)))
-            for t0 in range(0, n, b)
-        )
-        if n == sizes[0]:
-            print(
-                f"  torch kernels picked: fused -> {funcs['fused'].backend}, "
-                f"math -> {funcs['math'].backend}"
+        for causal in (False, True):
+            mask = mc.causal_mask(n) if causal else None
+            funcs = {
+                "tiled": partial(mc.tiled_attention, q, k, v, causal=causal, block_size=block),
+                "fused": torch_sdpa(q, k, v, causal=causal, fused=True),
+                "math": torch_sdpa(q, k, v, causal=causal, fused=False),
+                "standard": partial(mc.scaled_dot_product_attention, q, k, v, mask),
+                "qk_tile": lambda qb=qb, kTb=kTb: qb @ kTb,
+                "pv_tile": lambda pb=pb, v1b=v1b: pb @ v1b,
+            }
+            tiles = sum(
+                len(list(tiled_module._key_blocks(t0, min(t0 + b, n), n, n, b, causal)))
+                for t0 in range(0, n, b)
             )
+            if not rows:
+                print(
+                    f"  torch kernels picked: fused -> {funcs['fused'].backend}, "
+                    f"math -> {funcs['math'].backend}"
+                )
+                print(
+                    f"  {'n':>5} {'mask':>6} {'tiled':>10} {'fused':>10} {'/fused':>7} "
+                    f"{'math':>10} {'/math':>6} {'standard':>10} {'/std':>6} {'max|diff|':>9} "
+                    f"{'matmul floor':>12} {'/fused':>6}"
+                )
+            diff = float(np.abs(funcs["tiled"]() - funcs["fused"]().numpy()).max())
+            t = bench.best_times(funcs)
+            row = {name: t["tiled"] / t[name] for name in ("fused", "math", "standard")}
+            floor = tiles * (t["qk_tile"] + t["pv_tile"])
+            row.update(floor_ms=floor * 1e3, floor=floor / t["fused"], tiles=tiles,
+                       ms=t["tiled"] * 1e3, fused_ms=t["fused"] * 1e3)
+            rows[(n, causal)] = row
             print(
-                f"  {'n':>5} {'tiled':>10} {'fused':>10} {'/fused':>7} {'math':>10} {'/math':>6} "
-                f"{'standard':>10} {'/std':>6} {'max|diff| fused':>15} {'matmul floor':>12} "
-                f"{'/fused':>6}"
+                f"  {n:>5} {'causal' if causal else 'none':>6} {t['tiled'] * 1e3:>7.0f} ms "
+                f"{t['fused'] * 1e3:>7.0f} ms {row['fused']:>6.2f}x {t['math'] * 1e3:>7.0f} ms "
+                f"{row['math']:>5.2f}x {t['standard'] * 1e3:>7.0f} ms {row['standard']:>5.2f}x "
+                f"{diff:>9.1e} {floor * 1e3:>9.0f} ms {row['floor']:>5.2f}x",
+                flush=True,
             )
-        diff = float(np.abs(funcs["tiled"]() - funcs["fused"]().numpy()).max())
-        t = bench.best_times(funcs)
-        rows[n] = {name: t["tiled"] / t[name] for name in ("fused", "math", "standard")}
-        floor = tiles * (t["qk_tile"] + t["pv_tile"])
-        rows[n].update(floor_ms=floor * 1e3, floor=floor / t["fused"], tiles=tiles)
-        print(
-            f"  {n:>5} {t['tiled'] * 1e3:>7.0f} ms {t['fused'] * 1e3:>7.0f} ms "
-            f"{rows[n]['fused']:>6.2f}x {t['math'] * 1e3:>7.0f} ms {rows[n]['math']:>5.2f}x "
-            f"{t['standard'] * 1e3:>7.0f} ms {rows[n]['standard']:>5.2f}x {diff:>15.1e} "
-            f"{floor * 1e3:>9.0f} ms {rows[n]['floor']:>5.2f}x",
-            flush=True,
-        )
     return rows
 
 
@@ -243,13 +251,13 @@ def main(argv: list[str] | None = None) -> int:
             f"{bench.MIN_SECONDS} s per contender, called round-robin"
         )
         standard = compare_with_standard(sizes, DEFAULT_BLOCK, rng)
-        causal = compare_causal(sizes, DEFAULT_BLOCK, rng)
+        vs_torch = compare_with_torch(sizes, DEFAULT_BLOCK, rng)
         score = sweep_block_sizes(sizes, blocks, rng)
-    print_targets(standard, causal, score, max(sizes), args.threads)
+    print_targets(standard, vs_torch, score, max(sizes), args.threads)
     return 0
 
 
-def print_targets(standard: dict, causal: dict, score: dict, n_max: int, threads: int) -> None:
+def print_targets(standard: dict, vs_torch: dict, score: dict, n_max: int, threads: int) -> None:
     notes = []
     print(f"\n== targets ({threads} thread{'s' if threads > 1 else ''}, float32, "
           f"block_size={DEFAULT_BLOCK})")
@@ -261,22 +269,28 @@ def print_targets(standard: dict, causal: dict, score: dict, n_max: int, threads
     m = standard[n_max]["mem"]
     lines.append((f"peak memory tiled / standard <= {TARGETS['memory']:.0%}, n={n_max}",
                   f"{m:.1%}", m <= TARGETS["memory"]))
-    if n_max in causal:
-        for name in ("fused", "math"):
-            r = causal[n_max][name]
-            lines.append((f"causal tiled / torch causal SDPA ({name}) <= {TARGETS['causal']}x, "
-                          f"n={n_max}", f"{r:.2f}x", r <= TARGETS["causal"]))
-    else:
-        lines.append((f"causal tiled / torch causal SDPA, n={n_max}", "no torch", False))
-    if n_max in causal and causal[n_max]["fused"] > TARGETS["causal"]:
-        row = causal[n_max]
+    if not vs_torch:
+        lines.append(("tiled / torch fused SDPA", "no torch", False))
+    missed = []
+    for (n, causal), row in vs_torch.items():
+        kind = "causal" if causal else "no mask"
+        label = f"goal: tiled / torch fused SDPA <= {TARGETS['fused']}x, {kind}, n={n}"
+        ok = row["fused"] <= TARGETS["fused"]
+        lines.append((label, f"{row['fused']:.2f}x", ok))
+        if not ok:
+            missed.append((n, causal, row))
+    if missed:
+        worst = max(missed, key=lambda item: item[2]["floor"])
+        floors = ", ".join(f"{r['floor']:.2f}x ({'causal' if c else 'no mask'}, n={n})"
+                           for n, c, r in missed)
         notes.append(
-            f"causal vs torch's fused kernel: torch's CPU flash kernel also skips the tiles above "
-            f"the diagonal, and the {row['tiles']} tiles' matmuls alone take "
-            f"{row['floor_ms']:.0f} ms in NumPy's BLAS here = {row['floor']:.2f}x torch's whole "
-            "time; the softmax passes (max, subtract, exp, sum) then come on top, each a separate "
-            "NumPy call over the tile where torch's kernel fuses them. The target's premise "
-            "(torch computes the masked half) holds for its math path only"
+            "tiled vs torch's fused kernel: the tiles' two matmuls alone, at NumPy's BLAS speed "
+            f"measured in the same run, take {floors} of torch's whole time (e.g. "
+            f"{worst[2]['floor_ms']:.0f} of {worst[2]['fused_ms']:.0f} ms at n={worst[0]}); the "
+            "exp pass over each tile and the per-tile Python calls come on top. Where that floor "
+            f"is above {TARGETS['fused']}x the goal cannot be met on this machine with NumPy's "
+            "BLAS, however the non-matmul passes are written; torch's kernel runs its own "
+            "matmuls and fuses the exp into one compiled loop per tile"
         )
     r = score[DEFAULT_BLOCK] if DEFAULT_BLOCK in score else float("nan")
     lines.append(("default block_size within 5% of the fastest in the sweep",
@@ -284,7 +298,7 @@ def print_targets(standard: dict, causal: dict, score: dict, n_max: int, threads
     if n_max < 4096:
         print("  (--quick: n = 1024 only; the targets are set for n = 2048 and 4096)")
     for what, value, ok in lines:
-        print(f"  {what:<58} {value:>8}  {'met' if ok else 'MISSED'}")
+        print(f"  {what:<66} {value:>8}  {'met' if ok else 'MISSED'}")
     for note in notes:
         print("\n" + textwrap.fill(note, 96, initial_indent="  why MISSED: ",
                                     subsequent_indent="    "))

@@ -11,7 +11,7 @@ from .attention import (
     scaled_dot_product_attention,
     sliding_window_mask,
 )
-from .backward import gradient_check
+from .backward import attention_backward, gradient_check, softmax_jacobian
 from .block import dropout, layer_norm, residual
 from .cost import attention_flops, kv_cache_bytes, mla_cache_bytes, param_count
 from .heads import merge_heads, split_heads
@@ -20,14 +20,18 @@ from .mla import LatentCache, MultiHeadLatentAttention
 from .multihead import MultiHeadAttention
 from .positions import apply_rope, rope_permutation, sinusoidal_positions
 from .softmax import log_softmax, logsumexp, softmax
+from .tasks import make_batch
 from .tiled import tiled_attention
+from .tiny_model import TinyTransformer
 
 __all__ = [
     "KVCache",
     "LatentCache",
     "MultiHeadAttention",
     "MultiHeadLatentAttention",
+    "TinyTransformer",
     "apply_rope",
+    "attention_backward",
     "attention_flops",
     "causal_mask",
     "dropout",
@@ -36,6 +40,7 @@ __all__ = [
     "layer_norm",
     "log_softmax",
     "logsumexp",
+    "make_batch",
     "merge_heads",
     "mla_cache_bytes",
     "padding_mask",
@@ -46,6 +51,7 @@ __all__ = [
     "sinusoidal_positions",
     "sliding_window_mask",
     "softmax",
+    "softmax_jacobian",
     "split_heads",
     "tiled_attention",
 ]

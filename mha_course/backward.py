@@ -7,9 +7,11 @@ Taught in ``notebooks/08_learning.ipynb``.
 heads), kept by the forward pass a lesson reads. :func:`backward` walks those steps in reverse,
 applying the chain rule to each: output projection, merge heads, weighted sum, softmax (its
 Jacobian), the ``1/√d_k`` scale, RoPE (when the layer uses it), the grouping of query heads over
-shared key/value heads, split heads, the three projections. :func:`gradient_check` compares any
-hand-written gradient with central differences. ``MultiHeadAttention.backward`` calls
-:func:`backward`.
+shared key/value heads, split heads, the three projections. The attention step is
+:func:`attention_backward` (dV, dweights, dscores, dQ, dK), whose softmax step is
+:func:`softmax_backward`, the product with the :func:`softmax_jacobian` ``diag(p) − p pᵀ``.
+:func:`gradient_check` compares any hand-written gradient with central differences.
+``MultiHeadAttention.backward`` calls :func:`backward`.
 
 Shape letters: ``T`` query positions, ``S`` key/value positions, ``h`` query heads, ``g`` key/value
 heads (``n_kv_heads``; ``g = h`` for the standard layer, ``g = 1`` for MQA), ``d_k``, ``d_v``
@@ -32,7 +34,14 @@ from ._validate import as_float_array, fail, fmt_shape
 from .heads import group_heads, kv_for_groups, merge_heads, split_heads, ungroup_heads
 from .positions import apply_rope
 
-__all__ = ["SavedActivations", "backward", "gradient_check"]
+__all__ = [
+    "SavedActivations",
+    "attention_backward",
+    "backward",
+    "gradient_check",
+    "softmax_backward",
+    "softmax_jacobian",
+]
 
 
 @dataclass(repr=False)
@@ -114,6 +123,115 @@ def sum_to_shape(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return grad.sum(axis=stretched, keepdims=True) if stretched else grad
 
 
+def softmax_jacobian(weights) -> np.ndarray:
+    """The Jacobian of softmax at its output ``p``: ``J = diag(p) − p pᵀ``.
+
+    ``J[..., i, j] = ∂p_i/∂s_j`` for ``p = softmax(s)`` along the last axis: ``p_i (1 − p_i)`` on
+    the diagonal, ``−p_i p_j`` off it. Every row and column sums to 0 (adding a constant to all
+    scores changes nothing), and ``J`` is 0 when ``p`` is one-hot (a saturated softmax passes no
+    gradient).
+
+    Parameters
+    ----------
+    weights : ndarray of float, shape (..., S)
+        Softmax outputs ``p``.
+
+    Returns
+    -------
+    ndarray, shape (..., S, S)
+
+    Raises
+    ------
+    ValueError
+        If ``weights`` is not a float array with at least one axis.
+
+    Examples
+    --------
+    >>> softmax_jacobian(np.array([0.5, 0.5]))
+    array([[ 0.25, -0.25],
+           [-0.25,  0.25]])
+    """
+    func = "softmax_jacobian"
+    p = as_float_array(func, "weights", weights)
+    if p.ndim == 0:
+        raise fail(func, "weights has shape (); expected (..., S)")
+    eye = np.eye(p.shape[-1], dtype=p.dtype)  # (S, S)
+    # (..., S, 1) * (S, S) - (..., S, 1) * (..., 1, S) -> (..., S, S)
+    return p[..., :, None] * eye - p[..., :, None] * p[..., None, :]
+
+
+def softmax_backward(dweights, weights) -> np.ndarray:
+    """dLoss/dscores from dLoss/dweights through ``weights = softmax(scores)``, row by row.
+
+    ``dscores = Jᵀ dweights`` with ``J`` the :func:`softmax_jacobian`; since ``J`` is symmetric
+    this is ``weights * (dweights − Σ_s dweights·weights)``, computed without forming the
+    (S, S) matrix. Entries with weight 0 (masked keys, fully masked rows) get exactly 0.
+
+    Parameters
+    ----------
+    dweights, weights : ndarray of float, shape (..., S)
+        (Shapes that broadcast together.)
+
+    Returns
+    -------
+    ndarray, shape (..., S)
+
+    Examples
+    --------
+    >>> softmax_backward(np.array([1.0, 0.0]), np.array([0.5, 0.5]))
+    array([ 0.25, -0.25])
+    """
+    row_dot = np.sum(dweights * weights, axis=-1, keepdims=True)  # (..., 1)
+    return weights * (dweights - row_dot)  # (..., S)
+
+
+def attention_backward(grad_out, q, k, v, weights) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Gradients of ``out = softmax(q kᵀ/√d_k, mask) v`` with respect to q, k and v, by hand.
+
+    The mask is not needed: the saved ``weights`` are 0 where it said no, and so are the
+    gradients that flow through those entries. Each step undoes one of the forward pass:
+
+    1. ``out = weights @ v``: ``dweights = grad_out @ vᵀ`` and ``dv = weightsᵀ @ grad_out``;
+    2. ``weights = softmax(scores)``: ``dscores`` by :func:`softmax_backward`;
+    3. ``scores = q kᵀ / √d_k``: ``dq = dscores @ k / √d_k``, ``dk = dscoresᵀ @ q / √d_k``.
+
+    Parameters
+    ----------
+    grad_out : ndarray of float, shape (..., T, d_v)
+        dLoss/dout.
+    q : ndarray, shape (..., T, d_k)
+    k : ndarray, shape (..., S, d_k)
+    v : ndarray, shape (..., S, d_v)
+    weights : ndarray, shape (..., T, S)
+        The forward pass's attention weights (e.g. from
+        :func:`~mha_course.scaled_dot_product_attention`).
+
+    Returns
+    -------
+    dq, dk, dv : ndarray
+        Shaped like ``q``, ``k``, ``v``: an input that was broadcast (a length-1 or missing
+        batch axis) gets the sum over the axes it was broadcast along.
+
+    Examples
+    --------
+    >>> q, k, v = np.ones((3, 4)), np.ones((5, 4)), np.ones((5, 2))
+    >>> weights = np.full((3, 5), 0.2)
+    >>> [g.shape for g in attention_backward(np.ones((3, 2)), q, k, v, weights)]
+    [(3, 4), (5, 4), (5, 2)]
+    """
+    d_k = q.shape[-1]
+    # 1. out = weights @ v
+    dweights = grad_out @ np.swapaxes(v, -1, -2)  # (..., T, d_v) @ (..., d_v, S) -> (..., T, S)
+    dv = np.swapaxes(weights, -1, -2) @ grad_out  # (..., S, T) @ (..., T, d_v) -> (..., S, d_v)
+    # 2. weights = softmax(scores), row by row
+    dscores = softmax_backward(dweights, weights)  # (..., T, S)
+    # 3. scores = q @ kᵀ / √d_k: the scale first, then the product
+    dscores = dscores / math.sqrt(d_k)
+    dq = dscores @ k  # (..., T, S) @ (..., S, d_k) -> (..., T, d_k)
+    dk = np.swapaxes(dscores, -1, -2) @ q  # (..., S, T) @ (..., T, d_k) -> (..., S, d_k)
+    return sum_to_shape(dq, q.shape), sum_to_shape(dk, k.shape), sum_to_shape(dv, v.shape)
+
+
 def _param_grad(inp: np.ndarray, d_proj: np.ndarray) -> np.ndarray:
     """dW for ``proj = inp @ W``: ``inpᵀ @ d_proj`` summed over every batch axis and position.
 
@@ -183,7 +301,7 @@ def backward(layer, grad_out, saved) -> dict[str, np.ndarray]:
             f"{fmt_shape(saved.out_shape)}, the shape of the output",
         )
     P = saved.params  # the parameters as the forward pass used them
-    h, g, d_k = layer.h, saved.k.shape[-3], layer.d_k
+    h, g = layer.h, saved.k.shape[-3]
     dout = grad_out.astype(saved.dtype, copy=False)  # (..., T, d_model)
     grads = {}
 
@@ -198,25 +316,14 @@ def backward(layer, grad_out, saved) -> dict[str, np.ndarray]:
     dheads = group_heads(dheads, g)  # (..., g, h/g, T, d_v)
     q = group_heads(saved.q, g)  # (..., g, h/g, T, d_k)
     k, v = kv_for_groups(saved.k), kv_for_groups(saved.v)  # (..., g, 1, S, d_k | d_v)
-    # 5c. Weighted sum, heads = weights @ v.
-    # (..., g, h/g, T, d_v) @ (..., g, 1, d_v, S) -> (..., g, h/g, T, S)
-    dweights = dheads @ np.swapaxes(v, -1, -2)
-    # (..., g, h/g, S, T) @ (..., g, h/g, T, d_v) -> (..., g, h/g, S, d_v)
-    dv = np.swapaxes(weights, -1, -2) @ dheads
-    # 5b. Softmax. Its Jacobian for one row is diag(w) - w wᵀ, so, row by row,
-    #     dscores = weights * (dweights - Σ_s dweights·weights).
-    #     Masked keys and fully masked rows have weight 0, so their dscores is exactly 0.
-    row_dot = np.sum(dweights * weights, axis=-1, keepdims=True)  # (..., g, h/g, T, 1)
-    dscores = weights * (dweights - row_dot)  # (..., g, h/g, T, S)
-    # 5a. Scores, scores = q @ kᵀ / √d_k: the scale first, then the product.
-    dscores = dscores / math.sqrt(d_k)
-    dq = dscores @ k  # (..., g, h/g, T, S) @ (..., g, 1, S, d_k) -> (..., g, h/g, T, d_k)
-    # (..., g, h/g, S, T) @ (..., g, h/g, T, d_k) -> (..., g, h/g, S, d_k)
-    dk = np.swapaxes(dscores, -1, -2) @ q
-    # 4. The h/g query heads of a group read one K/V head: their gradients add up in it.
+    # 5. Scaled dot-product attention within each group (scores, softmax, weighted sum).
+    #    k and v have a length-1 group axis, so dk and dv come back summed over the h/g query
+    #    heads of their group: (..., g, 1, S, d_k | d_v).
+    dq, dk, dv = attention_backward(dheads, q, k, v, weights)
+    # 4. The h/g query heads of a group read one K/V head: their gradients added up in it (5).
     dq = ungroup_heads(dq)  # (..., h, T, d_k)
-    dk = dk.sum(axis=-3)  # (..., g, h/g, S, d_k) -> (..., g, S, d_k)
-    dv = dv.sum(axis=-3)  # (..., g, h/g, S, d_v) -> (..., g, S, d_v)
+    dk = dk.sum(axis=-3)  # (..., g, 1, S, d_k) -> (..., g, S, d_k)
+    dv = dv.sum(axis=-3)  # (..., g, 1, S, d_v) -> (..., g, S, d_v)
     # 3. RoPE rotated q and k by R(p); a rotation's transpose is the rotation back, R(-p).
     if layer.rope is not None:
         T, S = dq.shape[-2], dk.shape[-2]

@@ -6,7 +6,9 @@ the comments in its loop are the short version.
 Standard attention (:func:`mha_course.scaled_dot_product_attention`) builds the whole
 (..., T, S) score matrix, softmaxes it and multiplies it by ``v``: memory grows as T·S. Tiled
 attention gets the same output while holding only one (..., block, block) tile of scores at a
-time, so the extra memory grows as T·d_v (the output) plus one tile.
+time, so the extra memory grows as T·d_v (the output) plus one tile. With ``return_lse=True``
+it also returns the one number per query a backward pass needs to recompute the weights: the
+log-sum-exp of the query's scores.
 
 Shape letters as in :mod:`mha_course.attention`: ``T`` query positions, ``S`` key/value
 positions, ``d_k`` query/key width, ``d_v`` value width, ``...`` any leading batch axes (batch,
@@ -21,14 +23,21 @@ import numpy as np
 
 from ._validate import validate_positive_int
 from .attention import validate_qkv
+from .lean import exp_is_safe
+
+#: log2(e): exp(x) = 2 ** (x · LOG2E). The loop works with base-2 scores (see the docstring).
+LOG2E = math.log2(math.e)
+#: ln(2): a base-2 log-sum-exp times LN2 is the natural one.
+LN2 = math.log(2.0)
 
 
-def tiled_attention(q, k, v, *, mask=None, causal=False, block_size=256) -> np.ndarray:
+def tiled_attention(q, k, v, *, mask=None, causal=False, block_size=256, return_lse=False,
+                    on_tile=None):
     """``softmax(q kᵀ / √d_k) v`` one (block × block) tile at a time, never the (T, S) matrix.
 
     The algorithm is the online softmax of Milakov & Gimelshein (2018), tiled as in
-    FlashAttention (Dao et al., 2022). For one query ``t`` with scores ``x_s = q_t·k_s / √d_k``,
-    the output is::
+    FlashAttention (Dao et al., 2022), with FlashAttention-2's deferred normalisation. For one
+    query ``t`` with scores ``x_s = q_t·k_s / √d_k``, the output is::
 
         out_t = Σ_s exp(x_s - m) v_s / Σ_s exp(x_s - m),   m = max_s x_s
 
@@ -38,15 +47,32 @@ def tiled_attention(q, k, v, *, mask=None, causal=False, block_size=256) -> np.n
     output ``acc = Σ exp(x_s - m) v_s``. When a new block raises the maximum from ``m_old`` to
     ``m_new``, everything accumulated so far was scaled by ``exp(-m_old)`` and must now be
     scaled by ``exp(-m_new)``: multiply ``l`` and ``acc`` by ``exp(m_old - m_new)`` (<= 1), then
-    add the new block's terms. After the last block, ``out_t = acc / l``. The result equals
-    standard attention up to rounding, for any block size.
+    add the new block's terms. After the last block, ``out_t = acc / l`` (one division per
+    output, at the end) and ``lse_t = m + log(l)``. The result equals standard attention up to
+    rounding, for any block size.
 
     The queries are walked in blocks too, so the largest temporary is a (..., block, block)
-    tile of scores: besides the output, the function holds ``q / √d_k`` and a few tiles, about
-    T·(d_k + d_v) + 2·block² numbers per batch element and head, instead of T·S. With
-    ``causal=True`` a key block that lies wholly above the diagonal of a query block (every key
-    in the future of every query) is skipped, not computed and masked: for T = S about half
-    the tiles are never visited.
+    tile of scores: besides the output, the function holds ``q``, ``v`` with one more column and
+    a few tiles, about T·(d_k + d_v) + 2·block² numbers per batch element and head, instead of
+    T·S. With ``causal=True`` a key block that lies wholly above the diagonal of a query block
+    (every key in the future of every query) is skipped, not computed and masked: for T = S
+    about half the tiles are never visited.
+
+    Three savings on the passes that are not matrix products, each giving the same result up
+    to rounding (lesson 07 times them against the plain loop; ``benchmarks/tiled.py`` against
+    torch, with the time of the tiles' matrix products alone as the floor):
+
+    1. **No running max when it cannot matter.** By Cauchy-Schwarz every score obeys
+       ``|x_s| <= max_t |q_t| · max_s |k_s| / √d_k``; when that bound is small enough that no
+       ``exp`` can overflow or underflow (:func:`mha_course.lean.exp_is_safe`), the shift is 0
+       for every query: no max pass, no subtraction, no rescaling. Otherwise (large scores) the
+       running max is kept as above.
+    2. **The row sum inside the second matmul.** ``v`` gets a last column of ones, so
+       ``p @ [v | 1]`` yields ``Σ_s p_s v_s`` and ``l``'s increment ``Σ_s p_s`` in one BLAS call
+       instead of a separate sum over the tile.
+    3. **Base 2.** ``exp(x) = 2 ** (x · log2 e)``, and NumPy's ``exp2`` is faster than ``exp``;
+       ``log2 e`` is folded into the scale of ``q`` (as FlashAttention's kernels do), so the loop
+       holds base-2 scores and base-2 maxima (``m`` above is the base-2 max times ln 2).
 
     Parameters
     ----------
@@ -66,14 +92,27 @@ def tiled_attention(q, k, v, *, mask=None, causal=False, block_size=256) -> np.n
     block_size : int, default 256
         Queries and keys per tile. Any value >= 1 gives the same output; it trades Python loop
         overhead (small blocks: many tiles) against memory and cache misses (large blocks).
-        ``benchmarks/tiled.py`` measured 256 fastest for (8, n, 64) float32 at n = 2048 and
-        4096 (one (8, 256, 256) tile is 2 MiB, 256 KiB per head, within a core's L2 cache).
+        ``benchmarks/tiled.py`` measures each; 256 was fastest for (8, n, 64) float32 at
+        n = 2048 and 4096 (one (8, 256, 256) tile is 2 MiB, 256 KiB per head).
+    return_lse : bool, default False
+        Also return the log-sum-exp of each query's scaled, masked scores.
+    on_tile : callable, optional
+        Called after each tile with a dict: ``"queries"`` ``(t0, t1)`` and ``"keys"``
+        ``(s0, s1)``, the block's rows and columns; ``"m"`` (..., t1-t0) the running max of the
+        scores seen so far (``-inf`` where none is allowed yet), ``"l"`` (..., t1-t0) the
+        running sum and ``"acc"`` (..., t1-t0, d_v) the unnormalised output, all in natural
+        units and copies. For teaching (lesson 07's tile stepper): with it the running max is
+        always kept, so ``"m"`` is the true running max.
 
     Returns
     -------
     out : ndarray, shape (..., T, d_v)
         As the ``out`` of :func:`mha_course.scaled_dot_product_attention`; in float32 when the
         inputs are float32. No attention weights are returned: they are never all in memory.
+    lse : ndarray, shape (..., T)
+        Only with ``return_lse=True``: ``log Σ_s exp(q_t·k_s / √d_k)`` over the keys ``s``
+        query ``t`` may attend to (:func:`mha_course.logsumexp` of the scaled, masked scores);
+        ``-inf`` for a query with no allowed key. The weights are ``exp(scores - lse)``.
 
     Raises
     ------
@@ -87,9 +126,9 @@ def tiled_attention(q, k, v, *, mask=None, causal=False, block_size=256) -> np.n
     >>> from mha_course import causal_mask, scaled_dot_product_attention
     >>> rng = np.random.default_rng(0)
     >>> q, k, v = rng.normal(size=(2, 5, 4)), rng.normal(size=(2, 7, 4)), rng.normal(size=(2, 7, 3))
-    >>> out = tiled_attention(q, k, v, causal=True, block_size=3)
-    >>> out.shape
-    (2, 5, 3)
+    >>> out, lse = tiled_attention(q, k, v, causal=True, block_size=3, return_lse=True)
+    >>> out.shape, lse.shape
+    ((2, 5, 3), (2, 5))
     >>> bool(np.allclose(out, scaled_dot_product_attention(q, k, v, mask=causal_mask(5, 7))[0]))
     True
     """
@@ -100,19 +139,28 @@ def tiled_attention(q, k, v, *, mask=None, causal=False, block_size=256) -> np.n
         mask = mask.reshape((1,) * (2 - mask.ndim) + mask.shape)
 
     dtype = np.result_type(q, k, v)  # float32 stays float32 (no float64 temporaries below)
-    # Scale q once, (..., T, d_k), instead of every tile of scores; a python float keeps dtype.
+    kT = np.swapaxes(k, -1, -2)  # (..., d_k, S), a view
+    q = q * (1.0 / math.sqrt(d_k))  # (..., T, d_k); a python float keeps the dtype
+    # 1. Keep a running max only when an exp could overflow or underflow without one.
+    track_max = on_tile is not None or not exp_is_safe(q, kT, dtype)
+    # 3. Base-2 scores: y = x·log2(e), so exp(x - m) = exp2(y - m2).
+    q *= LOG2E
     # Broadcasting q to every batch axis (a view, no copy) makes each score tile carry all of
     # them, so a mask or v with more batch axes than q and k still lines up.
-    q = np.broadcast_to(q * (1.0 / math.sqrt(d_k)), (*batch, T, d_k))
-    kT = np.swapaxes(k, -1, -2)  # (..., d_k, S), a view
+    q = np.broadcast_to(q, (*batch, T, d_k))
+    # 2. v with a column of ones: p @ v1 = [Σ_s p_s v_s | Σ_s p_s]. (..., S, d_v + 1)
+    v1 = np.empty((*v.shape[:-1], d_v + 1), dtype=dtype)
+    v1[..., :d_v] = v
+    v1[..., d_v] = 1.0
     out = np.empty((*batch, T, d_v), dtype=dtype)
+    lse = np.empty((*batch, T), dtype=dtype) if return_lse else None
 
     for t0 in range(0, T, block):  # one block of queries [t0, t1) at a time
         t1 = min(t0 + block, T)
-        # The three running quantities of each query in the block (see the docstring).
-        m_run = np.full((*batch, t1 - t0, 1), -np.inf, dtype=dtype)  # running max of scores
-        l_run = np.zeros((*batch, t1 - t0, 1), dtype=dtype)  # running Σ exp(score - m_run)
-        acc = np.zeros((*batch, t1 - t0, d_v), dtype=dtype)  # running Σ exp(score - m_run) v_s
+        # The running quantities of each query in the block (see the docstring): acc holds
+        # Σ p_s v_s in its first d_v columns and l = Σ p_s in its last.
+        acc = np.zeros((*batch, t1 - t0, d_v + 1), dtype=dtype)
+        m_run = np.full((*batch, t1 - t0, 1), -np.inf if track_max else 0.0, dtype=dtype)
 
         for s0, s1 in _key_blocks(t0, t1, T, S, block, causal):
             # (..., t1-t0, d_k) @ (..., d_k, s1-s0) -> (..., t1-t0, s1-s0): one tile of scores
@@ -123,28 +171,43 @@ def tiled_attention(q, k, v, *, mask=None, causal=False, block_size=256) -> np.n
                 # (t1-t0, s1-s0), True where key s lies in the future of query t
                 future = np.arange(s0, s1) > np.arange(t0, t1)[:, None] + (S - T)
                 np.copyto(scores, -np.inf, where=future)
-
-            # m_new = max(m_old, max_s x_s): the running max over all keys seen so far.
-            m_new = np.maximum(m_run, scores.max(axis=-1, keepdims=True))
-            # A query whose keys so far are all masked still has m_new = -inf; shift it by 0
-            # instead, so exp(-inf - 0) = 0 rather than exp(-inf + inf) = NaN.
-            shift = np.where(m_new == -np.inf, 0.0, m_new)
-            # p_s = exp(x_s - m_new) <= 1, computed in place in the score tile (no overflow).
-            scores -= shift
-            p = np.exp(scores, out=scores)
-            # alpha = exp(m_old - m_new) <= 1 re-expresses the old sums relative to the new max.
-            alpha = np.exp(m_run - shift)
-            # l = alpha·l + Σ_s p_s ;  acc = alpha·acc + Σ_s p_s v_s
-            l_run *= alpha
-            l_run += p.sum(axis=-1, keepdims=True)
-            acc *= alpha
-            acc += p @ v[..., s0:s1, :]  # (..., t1-t0, s1-s0) @ (..., s1-s0, d_v)
-            m_run = m_new
+            if track_max:
+                # m_new = max(m_old, max_s x_s): the running max over all keys seen so far.
+                m_new = np.maximum(m_run, scores.max(axis=-1, keepdims=True))
+                # A query whose keys so far are all masked still has m_new = -inf; shift it by
+                # 0 instead, so exp(-inf - 0) = 0 rather than exp(-inf + inf) = NaN.
+                shift = np.where(m_new == -np.inf, 0.0, m_new)
+                scores -= shift  # x_s - m_new <= 0, in place in the score tile
+                # alpha = exp(m_old - m_new) <= 1 re-expresses the old sums relative to the
+                # new max: l = alpha·l and acc = alpha·acc, both in the one array.
+                acc *= np.exp2(m_run - shift)
+                m_run = m_new
+            p = np.exp2(scores, out=scores)  # p_s = 2^(y_s - m2) = exp(x_s - m), in place
+            # acc += [Σ_s p_s v_s | Σ_s p_s]: (..., t1-t0, s1-s0) @ (..., s1-s0, d_v + 1)
+            acc += p @ v1[..., s0:s1, :]
+            if on_tile is not None:
+                on_tile(_tile_state(t0, t1, s0, s1, m_run, acc))
 
         # out_t = acc / l. A query that saw no allowed key has l = 0 and acc = 0: output 0.
+        l_run = acc[..., d_v:]  # (..., t1-t0, 1)
+        if lse is not None:  # lse = m + log l = (m2 + log2 l)·ln 2; log 0 = -inf: nothing seen
+            m2 = np.where(m_run == -np.inf, 0.0, m_run)  # base 2; 0 where no key was allowed
+            with np.errstate(divide="ignore"):
+                lse[..., t0:t1] = ((m2 + np.log2(l_run)) * LN2)[..., 0]
         l_run[l_run == 0] = 1.0
-        out[..., t0:t1, :] = acc / l_run
-    return out
+        out[..., t0:t1, :] = acc[..., :d_v] / l_run
+    return (out, lse) if return_lse else out
+
+
+def _tile_state(t0, t1, s0, s1, m_run, acc) -> dict:
+    """What ``on_tile`` receives: the running quantities in natural units, as copies."""
+    return {
+        "queries": (t0, t1),
+        "keys": (s0, s1),
+        "m": m_run[..., 0] * LN2,  # base-2 max -> natural (-inf stays -inf)
+        "l": acc[..., -1].copy(),
+        "acc": acc[..., :-1].copy(),
+    }
 
 
 def _key_blocks(t0: int, t1: int, T: int, S: int, block: int, causal: bool):

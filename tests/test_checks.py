@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 from test_checks_lesson05 import CORRECT_05
 from test_checks_lesson06 import CORRECT_06
+from test_checks_lesson07 import CORRECT_07
+from test_checks_lesson08 import CORRECT_08
 
 import mha_course
 from mha_course import checks
@@ -200,6 +202,8 @@ CORRECT = {
     "04.6": ("check_cross_attention", _cross_attention),
     **CORRECT_05,  # lesson 05's right answers live with its tests (tests/test_checks_lesson05.py)
     **CORRECT_06,  # and lesson 06's (tests/test_checks_lesson06.py)
+    **CORRECT_07,  # and lesson 07's (tests/test_checks_lesson07.py)
+    **CORRECT_08,  # and lesson 08's (tests/test_checks_lesson08.py)
 }
 
 

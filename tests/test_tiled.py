@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 import mha_course.tiled as tiled_module
 from mha_course import (
     causal_mask,
+    logsumexp,
     padding_mask,
     scaled_dot_product_attention,
     tiled_attention,
@@ -424,3 +425,163 @@ def test_numpy_integer_block_size_is_accepted(rng):
     q, k, v = qkv(rng)
     out = tiled_attention(q, k, v, block_size=np.int64(4))
     assert max_abs_diff(out, reference(q, k, v)) <= TOL[np.float64]
+
+
+# ------------------------------------------------------------------------ the log-sum-exp
+def reference_lse(q, k, mask=None, causal=False):
+    """``logsumexp`` of the scaled, masked scores, from the whole (..., T, S) matrix."""
+    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if causal:
+        c = causal_mask(q.shape[-2], k.shape[-2])
+        mask = c if mask is None else mask & c
+    if mask is not None:
+        mask = np.broadcast_to(mask, scores.shape)
+    return logsumexp(scores, axis=-1, mask=mask)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("kind", MASK_KINDS)
+@pytest.mark.parametrize("block_size", BLOCKS)
+@pytest.mark.parametrize(("T_", "S_"), [(T, S), (S, T), (S, S)], ids=["T<S", "T>S", "T=S"])
+def test_lse_is_the_logsumexp_of_the_scaled_masked_scores(rng, T_, S_, block_size, kind, causal):
+    q, k, v = qkv(rng, T_, S_)
+    mask = masks(kind, rng, T_, S_)
+    out, lse = tiled_attention(q, k, v, mask=mask, causal=causal, block_size=block_size,
+                               return_lse=True)
+    expected = reference_lse(q, k, mask, causal)
+    assert lse.shape == (B, H, T_) and lse.dtype == np.float64
+    np.testing.assert_array_equal(np.isinf(lse), np.isinf(expected))  # -inf on the same rows
+    assert max_abs_diff(np.where(np.isinf(lse), 0, lse), np.where(np.isinf(lse), 0, expected)) \
+        <= 1e-12
+    # ... and return_lse changes nothing about out.
+    np.testing.assert_array_equal(out, tiled_attention(q, k, v, mask=mask, causal=causal,
+                                                       block_size=block_size))
+
+
+@pytest.mark.parametrize("block_size", BLOCKS)
+def test_lse_is_minus_inf_and_out_zero_on_fully_masked_rows(rng, block_size):
+    q, k, v = qkv(rng)
+    mask = rng.random((B, H, T, S)) > 0.5
+    mask[..., 0] = True
+    mask[0, 1, 2] = False  # no key at all
+    mask[1, 2, [0, 5]] = False
+    with np.errstate(all="raise"):  # no log(0) warning, no inf - inf
+        out, lse = tiled_attention(q, k, v, mask=mask, block_size=block_size, return_lse=True)
+    assert lse[0, 1, 2] == -np.inf and lse[1, 2, 0] == -np.inf and lse[1, 2, 5] == -np.inf
+    assert np.all(out[0, 1, 2] == 0) and np.all(out[1, 2, [0, 5]] == 0)
+    assert np.isfinite(lse).sum() == lse.size - 3
+    expected = reference_lse(q, k, mask)
+    finite = np.isfinite(lse)
+    assert max_abs_diff(lse[finite], expected[finite]) <= 1e-12
+
+
+def test_lse_of_causal_queries_before_the_first_key_is_minus_inf(rng):
+    q, k, v = qkv(rng, T_=S, S_=T)  # T=13 queries, S=11 keys: queries 0 and 1 see no key
+    out, lse = tiled_attention(q, k, v, causal=True, block_size=4, return_lse=True)
+    assert np.all(lse[..., : S - T] == -np.inf) and np.all(np.isfinite(lse[..., S - T :]))
+    assert np.all(out[..., : S - T, :] == 0)
+
+
+def test_lse_with_no_keys_is_minus_inf():
+    out, lse = tiled_attention(np.ones((3, 4)), np.ones((0, 4)), np.ones((0, 6)),
+                               return_lse=True)
+    assert out.shape == (3, 6) and lse.shape == (3,) and np.all(lse == -np.inf)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
+@pytest.mark.parametrize("sign", [1.0, -1.0], ids=["positive", "negative"])
+def test_lse_of_huge_scores_is_exact(rng, dtype, sign):
+    # Scores of about ±1e4: exp overflows long before; lse = m + log l must not.
+    q = np.full((2, T, D_K), 60.0 * sign)
+    k = np.linspace(0.0, 100.0, S)[:, None] * np.ones(D_K) + rng.normal(size=(2, S, D_K))
+    q, k, v = q.astype(dtype), k.astype(dtype), rng.normal(size=(2, S, D_V)).astype(dtype)
+    with np.errstate(over="raise", invalid="raise"):
+        _, lse = tiled_attention(q, k, v, block_size=3, return_lse=True)
+    expected = reference_lse(q.astype(np.float64), k.astype(np.float64))
+    assert lse.dtype == dtype and np.all(np.isfinite(lse))
+    assert np.abs(q[0] @ k[0].T).max() / np.sqrt(D_K) > 1e4  # the scores really are huge
+    assert np.max(np.abs(lse - expected) / np.abs(expected)) <= {np.float64: 1e-14,
+                                                                 np.float32: 1e-6}[dtype]
+
+
+def test_weights_recomputed_from_q_k_and_lse_equal_standard_attentions(rng):
+    # What a FlashAttention backward pass does: it keeps out and lse, not the (T, S) weights,
+    # and recomputes the weights from q, k and lse when it needs them.
+    q, k, v = qkv(rng)
+    mask = masks("random", rng)
+    _, lse = tiled_attention(q, k, v, mask=mask, causal=True, block_size=4, return_lse=True)
+    full = mask & causal_mask(T, S)
+    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(D_K)
+    recomputed = np.where(full, np.exp(scores - lse[..., None]), 0.0)
+    _, weights = scaled_dot_product_attention(q, k, v, mask=full)
+    assert max_abs_diff(recomputed, weights) <= 1e-13
+
+
+@pytest.mark.torch
+def test_lse_matches_torch_logsumexp(torch, rng):
+    q, k, v = qkv(rng)
+    _, lse = tiled_attention(q, k, v, block_size=5, return_lse=True)
+    tq, tk = torch.from_numpy(q), torch.from_numpy(k)
+    expected = torch.logsumexp(tq @ tk.transpose(-1, -2) / np.sqrt(D_K), dim=-1)
+    assert max_abs_diff(lse, expected.numpy()) <= 1e-12
+
+
+# ------------------------------------------------- the fast paths change nothing but rounding
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_skipping_the_running_max_gives_the_same_result(rng, dtype, causal):
+    # Ordinary scores take the path without a running max; with on_tile it is always kept.
+    q, k, v = qkv(rng, dtype=dtype)
+    assert tiled_module.exp_is_safe(q / np.sqrt(D_K), np.swapaxes(k, -1, -2), dtype)
+    fast = tiled_attention(q, k, v, causal=causal, block_size=4, return_lse=True)
+    kept = tiled_attention(q, k, v, causal=causal, block_size=4, return_lse=True,
+                           on_tile=lambda state: None)
+    for a, b in zip(fast, kept, strict=True):
+        assert max_abs_diff(a, b) <= TOL[dtype]
+
+
+def test_scores_too_large_for_the_shortcut_keep_the_running_max(rng):
+    # Scores beyond 89, where exp overflows float32: exp_is_safe must say no, and the output is
+    # still finite and right, which it could not be without the running max.
+    q, k, v = qkv(rng, scale=40.0, dtype=np.float32)
+    assert not tiled_module.exp_is_safe(q / np.sqrt(D_K), np.swapaxes(k, -1, -2), np.float32)
+    assert (q @ np.swapaxes(k, -1, -2)).max() / np.sqrt(D_K) > 89
+    with np.errstate(over="raise", invalid="raise"):
+        out = tiled_attention(q, k, v, block_size=4)
+    assert max_abs_diff(out, reference(q, k, v)) <= 1e-5
+
+
+# ------------------------------------------------------------------------------- on_tile
+def test_on_tile_reports_the_running_max_sum_and_output_of_every_tile(rng):
+    q, k, v = qkv(rng, lead=())  # one head: (T, d_k), (S, d_k), (S, d_v)
+    states = []
+    out, lse = tiled_attention(q, k, v, block_size=4, causal=True, return_lse=True,
+                               on_tile=states.append)
+    scores = q @ k.T / np.sqrt(D_K)
+    allowed = causal_mask(T, S)
+    assert [(s["queries"], s["keys"]) for s in states] == [
+        ((t0, min(t0 + 4, T)), (s0, min(s0 + 4, S)))
+        for t0 in range(0, T, 4) for s0 in range(0, min(S, t0 + 4 + S - T), 4)
+    ]
+    for state in states:
+        (t0, t1), (_, s1) = state["queries"], state["keys"]
+        seen = np.where(allowed[t0:t1, :s1], scores[t0:t1, :s1], -np.inf)  # keys 0..s1-1
+        m = seen.max(axis=-1)
+        p = np.exp(seen - m[:, None])
+        np.testing.assert_allclose(state["m"], m, rtol=1e-13)
+        np.testing.assert_allclose(state["l"], p.sum(axis=-1), rtol=1e-12)
+        np.testing.assert_allclose(state["acc"], p @ v[:s1], rtol=1e-12, atol=1e-13)
+        if s1 == min(S, t1 + S - T):  # the query block's last tile: the final result
+            np.testing.assert_allclose(state["acc"] / state["l"][:, None], out[t0:t1],
+                                       atol=1e-13)
+            np.testing.assert_allclose(state["m"] + np.log(state["l"]), lse[t0:t1], atol=1e-13)
+
+
+def test_on_tile_gets_copies(rng):
+    q, k, v = qkv(rng, lead=(2,))
+    states = []
+    tiled_attention(q, k, v, block_size=5, on_tile=states.append)
+    first = states[0]
+    assert first["acc"].shape == (2, 5, D_V) and first["m"].shape == first["l"].shape == (2, 5)
+    assert not np.shares_memory(first["acc"], states[1]["acc"])
+    np.testing.assert_allclose(first["acc"], states[0]["acc"])  # not overwritten later

@@ -19,7 +19,7 @@ An exercise that asks you to write something yourself names what it forbids (01.
 ``logsumexp``; 02.4: PyTorch; 03.2: ``scaled_dot_product_attention``; 03.3 and 03.4: the
 package's masks; 03.5: the package's attention and masks; 04.1 and 04.2: ``split_heads`` and
 ``merge_heads``; 04.3: ``MultiHeadAttention.from_per_head``; 04.4: ``param_count``; 04.5: the
-layer; 04.6: calling the layer; and lessons 05 and 06 theirs); an answer that calls one fails with
+layer; 04.6: calling the layer; and lessons 05 to 08 theirs); an answer that calls one fails with
 ``Exercise NN.M asks you to <task>; your answer calls <name>``. Every check probes several
 shapes (different d_k, h and rank), so an answer that hard-codes a size fails.
 
@@ -45,5 +45,7 @@ from .lesson03 import *  # noqa: F403
 from .lesson04 import *  # noqa: F403
 from .lesson05 import *  # noqa: F403
 from .lesson06 import *  # noqa: F403
+from .lesson07 import *  # noqa: F403
+from .lesson08 import *  # noqa: F403
 
 __all__ = ["CheckFailed", *sorted(name for name in dir() if name.startswith("check_"))]
