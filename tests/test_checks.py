@@ -448,6 +448,14 @@ def _shape_inner_stretch(a, b):  # a 1 may stretch in the inner sizes too
     return _matmul_shape(a[:-1] + (b[-2],), b)
 
 
+def _cross_attention_reshape_t(layer, x, context):  # 04.6 half fixed: K, V split with x's T
+    B, T, _ = x.shape
+    q, k, v = x @ layer.W_q, context @ layer.W_k, context @ layer.W_v
+    q, k, v = (a.reshape(B, T, layer.h, -1).transpose(0, 2, 1, 3) for a in (q, k, v))
+    weights = mha_course.softmax(q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1]))
+    return mha_course.merge_heads(weights @ v) @ layer.W_o, weights
+
+
 def _cross_attention_bugs(layer, x, context, reshape=False, scale=False):
     h = layer.h
 
@@ -611,6 +619,9 @@ MISTAKES = [
     ("cross-attention-scaled-by-h-d_k", "check_cross_attention",
      lambda layer, x, context: _cross_attention_bugs(layer, x, context, scale=True),
      r"Likely mistake: the scores are divided by √\(h·d_k\)"),
+    ("cross-attention-keys-split-with-T", "check_cross_attention", _cross_attention_reshape_t,
+     r"(?s)raised ValueError: cannot reshape.*Likely mistake: keys and values have S = "
+     r"context\.shape\[-2\] positions, not T"),
     ("cross-attention-the-colleagues-code", "check_cross_attention",
      lambda layer, x, context: _cross_attention_bugs(layer, x, x, reshape=True, scale=True),
      r"keys and values must come from context"),

@@ -235,11 +235,19 @@ def cross_attention_variant(layer, x, context, bugs=(), scaled=True):
     return merge_heads(out) @ layer.W_o, w
 
 
+def _cross_hint(exc):
+    """The likely mistake behind an exception from an answer to exercise 04.6."""
+    if "cannot reshape" in str(exc):
+        return ("keys and values have S = context.shape[-2] positions, not T: split them with "
+                "split_heads(context @ W_k, h), which reads the length from its input")
+    return attention_hint(exc)
+
+
 def _check_cross_config(ex, fn, layer, x, context) -> None:
     """Exercise 04.6 on one layer and one pair of sequences."""
     (B, T, _), S, h = x.shape, context.shape[-2], layer.h
     want_out, want_w = layer(x, context=context)
-    got = call(ex, fn, (layer, x, context), ("layer", "x", "context"), hint=attention_hint,
+    got = call(ex, fn, (layer, x, context), ("layer", "x", "context"), hint=_cross_hint,
                forbid=_NOT_THE_LAYER)
     pair(ex, got)
     swapped_pair(ex, got, want_out.shape, want_w.shape)
