@@ -15,6 +15,8 @@ from pathlib import Path
 import nbformat
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import mha_course
 from mha_course import checks
@@ -453,6 +455,8 @@ def test_audit_finds_nothing_wrong_with_the_package():
                                             properties.MASK_FREE}),
     (lambda q, k, v, mask: _sdpa(q, k, v, mask) if mask is not None else _sdpa(
         q, k[::-1], v[::-1]), {properties.BATCH}),
+    (lambda q, k, v, mask: _sdpa(q, k, v, mha_course.causal_mask(q.shape[-2]) if mask is None
+                                 else mask), {properties.EQUIVARIANT}),
     (lambda q, k, v, mask: 1 / 0, set(properties.ALL) - {properties.SELF, properties.CACHED}),
 ])
 def test_audit_names_what_a_broken_attention_breaks(attn, broken):
@@ -466,3 +470,33 @@ def test_moved_reports_the_largest_change_and_treats_nan_as_a_change():
     assert properties.moved(np.zeros(2), np.array([0.0, np.nan]))[0] == (1,)
     assert properties.moved_text(np.ones((2, 2)), np.eye(2)) == "output (0, 1) moved from " \
                                                                 "1.0000 to 0.0000"
+
+
+# ------------------------------------------- property-based: any shape, not just the probes
+def _broken(ex):
+    """The broken function of exercise ``ex``, without running its cell's demo lines."""
+    return _define(CELLS[ex]["broken"].split("\n\n\n")[0], "buggy_")
+
+
+@given(T=st.integers(1, 9), d_k=st.integers(1, 5), d_v=st.integers(1, 5),
+       seed=st.integers(0, 2**32 - 1))
+def test_the_causal_fix_keeps_its_properties_on_any_shape_and_the_bug_never_does(T, d_k, d_v,
+                                                                                  seed):
+    rng = np.random.default_rng(seed)
+    q, k, v = rng.normal(size=(T, d_k)), rng.normal(size=(T, d_k)), rng.normal(size=(T, d_v))
+    weights = CORRECT_09["09.2"][1](q, k, v)[1]
+    assert properties.self_weight_violation(weights) is None
+    assert properties.row_sum_violation(weights) is None
+    assert properties.masked_weight_violation(weights, mha_course.causal_mask(T)) is None
+    assert properties.self_weight_violation(_broken("09.2")(q, k, v)[1]) is not None
+
+
+@given(T=st.integers(1, 9), window=st.integers(1, 10), seed=st.integers(0, 2**32 - 1))
+def test_the_window_fix_sees_exactly_the_window_and_the_bug_one_more(T, window, seed):
+    rng = np.random.default_rng(seed)
+    q, k, v = rng.normal(size=(T, 3)), rng.normal(size=(T, 3)), rng.normal(size=(T, 2))
+    seen = np.arange(T) + 1
+    fixed = (CORRECT_09["09.13"][1](q, k, v, window)[1] > 0).sum(axis=-1)
+    broken = (_broken("09.13")(q, k, v, window)[1] > 0).sum(axis=-1)
+    np.testing.assert_array_equal(fixed, np.minimum(window, seen))
+    np.testing.assert_array_equal(broken, np.minimum(window + 1, seen))
