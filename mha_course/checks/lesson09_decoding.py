@@ -58,12 +58,10 @@ def check_chunk_mask(fn) -> None:
             out, w = pair(ex, got)
             out = array(ex, out, (*lead, T, d_v), f"your output {label}", "(..., T, d_v)")
             w = array(ex, w, (*lead, T, S), f"your weights {label}", "(..., T, S)")
-            wrong = [("without a mask the chunk's queries see the chunk's later tokens (one new "
-                      "token at a time hides it: it has no later token)",
-                      lambda a=args: sdpa(*a[:3])[1]),
-                     ("a (1, S) mask (the buffer's last row) is right for one new token, but every "
-                      "query of a chunk then sees the whole chunk",
-                      lambda a=args, S=S: sdpa(*a[:3], mask=a[3][S - 1:S, :S])[1])]
+            seen_all = ("every query of the chunk saw the whole chunk, its later tokens too: no "
+                        "mask, or a (1, S) row of the buffer, right for one new token only")
+            wrong = [(seen_all, lambda a=args: sdpa(*a[:3])[1]),
+                     (seen_all, lambda a=args, S=S: sdpa(*a[:3], mask=a[3][S - 1:S, :S])[1])]
             leak = np.argwhere(~causal_mask(T, S) & (w != 0))
             require(ex, P.CAUSAL, len(leak) and f"{label}: the query at position "
                     f"{start + leak[0][-2]} gives the later key {leak[0][-1]} weight "
