@@ -35,8 +35,9 @@ lab: $(VENV)/.installed
 	$(BIN)/jupyter lab --ip=127.0.0.1 --port=$(PORT) $(ROOT_FLAG) \
 	    --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/notebooks
 
+# ruff lints the notebooks' code cells too (lessons, solutions, generated exercises).
 lint: $(VENV)/.installed-test
-	$(BIN)/ruff check mha_course tests benchmarks
+	$(BIN)/ruff check mha_course tests benchmarks notebooks solutions exercises
 
 unit: $(VENV)/.installed-test
 	$(BIN)/python -m pytest --doctest-modules mha_course tests

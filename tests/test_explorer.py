@@ -2,24 +2,39 @@
 
 from __future__ import annotations
 
-import re
+import io
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
+from PIL import Image
 
 import mha_course
-from mha_course.explorer import draw_explorer, explorer, plot_heads, summary_line
-from mha_course.plotting import TOKENS
+from mha_course.explorer import (
+    FIGSIZE,
+    WIDGET_DPI,
+    colour_top,
+    draw_explorer,
+    explorer,
+    explorer_layer,
+    summary_items,
+    summary_line,
+    toy_embeddings,
+)
+from mha_course.plotting import TOKENS, figure_png
 
 T = len(TOKENS)
+
+
+def _heatmaps(fig):
+    return [ax for ax in fig.axes if ax.get_visible() and ax.images
+            and ax.get_label().startswith("head ")]
 
 
 @pytest.mark.parametrize("h", [1, 2, 3, 4, 6, 8, 12, 16])
 def test_heads_drawn_is_counted_from_the_figure_and_equals_h(h):
     fig, summary = draw_explorer(h, d_k=7)
-    heatmaps = [ax for ax in fig.axes if ax.get_visible() and ax.images
-                and ax.get_label().startswith("head ")]
+    heatmaps = _heatmaps(fig)
     assert len(heatmaps) == h
     assert summary["heads_drawn"] == h
     assert [ax.get_title() for ax in heatmaps] == [f"head {i + 1}" for i in range(h)]
@@ -57,6 +72,64 @@ def test_weights_are_those_of_the_seeded_layer_and_rows_sum_to_one():
     np.testing.assert_array_equal(a["weights"], b["weights"])
     assert not np.allclose(a["weights"], c["weights"])
     np.testing.assert_allclose(a["weights"].sum(-1), 1.0)
+    layer = explorer_layer(48, 4, seed=3)
+    np.testing.assert_allclose(layer(toy_embeddings(48))[1], a["weights"])
+
+
+# ------------------------------------------------------------------- the initialisation
+def _scaled_score_std(h, d_k, init, seeds=range(6)):
+    """Spread of q·k/√d_k over the example sentence, pooled over a few seeds."""
+    x = toy_embeddings(48)
+    scores = []
+    for seed in seeds:
+        layer = explorer_layer(48, h, d_k, seed=seed, init=init)
+        q = mha_course.split_heads(x @ layer.W_q, h)  # (h, T, d_k)
+        k = mha_course.split_heads(x @ layer.W_k, h)
+        scores.append(q @ k.swapaxes(-1, -2) / np.sqrt(d_k))
+    return float(np.std(scores))
+
+
+def test_fan_in_init_keeps_the_score_spread_whatever_h_and_d_k():
+    spreads = [_scaled_score_std(h, d_k, "fan_in") for h, d_k in [(1, 4), (8, 6), (16, 12),
+                                                                  (16, 64), (3, 48)]]
+    assert all(0.75 < s < 1.3 for s in spreads), spreads
+
+
+def test_xavier_init_washes_the_scores_out_as_h_times_d_k_grows():
+    small, large = _scaled_score_std(8, 6, "xavier"), _scaled_score_std(16, 64, "xavier")
+    assert large < small / 4  # the misleading picture the fan-in init avoids
+
+
+@pytest.mark.parametrize(("h", "d_k"), [(8, 6), (16, 12), (16, 64)])
+def test_raising_d_k_does_not_flatten_the_heads(h, d_k):
+    _, summary = draw_explorer(h, d_k, hold_d_model=False)
+    assert summary["largest_weight"] > 0.4
+    _, xavier = draw_explorer(h, d_k, hold_d_model=False, init="xavier")
+    if h * d_k >= 16 * 64:
+        assert xavier["largest_weight"] < 0.25
+
+
+def test_unknown_init_is_refused_by_name():
+    with pytest.raises(ValueError, match="draw_explorer: init='he'; expected one of fan_in"):
+        draw_explorer(4, 12, init="he")
+    with pytest.raises(ValueError, match="explorer_layer: init='he'; expected one of fan_in"):
+        explorer_layer(48, 4, init="he")
+
+
+# ------------------------------------------------------------------- the picture
+def test_colour_scale_tops_at_the_largest_weight_rounded_up():
+    fig, summary = draw_explorer(4, 12)
+    top = summary["colour_top"]
+    assert top == colour_top(summary["weights"])
+    assert summary["largest_weight"] <= top < summary["largest_weight"] + 0.1 + 1e-9
+    assert {ax.images[0].get_clim() for ax in _heatmaps(fig)} == {(0.0, top)}
+
+
+@pytest.mark.parametrize("h", [1, 3, 5, 11, 16])
+def test_slider_stops_with_and_without_a_layer_render_the_same_size(h):
+    fig, _ = draw_explorer(h, 12)  # h = 5, 7, 9, ... show the error in the same figure
+    size = Image.open(io.BytesIO(figure_png(fig, dpi=WIDGET_DPI))).size
+    assert size == (round(FIGSIZE[0] * WIDGET_DPI), round(FIGSIZE[1] * WIDGET_DPI))
 
 
 def test_non_divisor_h_with_hold_shows_the_package_error_instead_of_raising():
@@ -64,11 +137,20 @@ def test_non_divisor_h_with_hold_shows_the_package_error_instead_of_raising():
         mha_course.MultiHeadAttention(48, 5)
     fig, summary = draw_explorer(5, d_k=12, d_model=48, hold_d_model=True)
     assert summary["error"] == str(excinfo.value)
-    assert summary["heads_drawn"] == 0
-    shown = " ".join(t.get_text() for t in fig.texts).replace("\n", " ")
+    assert summary["heads_drawn"] == 0 and not _heatmaps(fig)
+    shown = " ".join(t.get_text() for t in fig.texts if t.get_visible()).replace("\n", " ")
     assert "d_model=48 is not divisible by h=5" in shown
     assert "heads drawn: 0" in summary_line(summary)
     assert "d_model=48 is not divisible by h=5; pass d_k explicitly" in summary_line(summary)
+
+
+def test_the_error_then_heads_again_in_one_figure():
+    fig, _ = draw_explorer(16, 3)
+    again, _ = draw_explorer(5, 3, fig=fig)
+    assert again is fig and not _heatmaps(fig)
+    again, summary = draw_explorer(8, 3, fig=fig)
+    assert len(_heatmaps(fig)) == summary["heads_drawn"] == 8
+    assert not any(t.get_visible() and "divisible" in t.get_text() for t in fig.texts)
 
 
 def test_invalid_sizes_raise_value_error_naming_the_function():
@@ -78,17 +160,19 @@ def test_invalid_sizes_raise_value_error_naming_the_function():
         draw_explorer(4, 0, hold_d_model=False)
 
 
-def test_summary_line_names_heads_drawn_and_parameters_with_thousands_separators():
+def test_summary_line_has_no_space_inside_a_number_or_a_shape():
     _, summary = draw_explorer(4, 12)
     line = summary_line(summary)
-    assert line.startswith("h=4  d_k=12  d_model=48 | ")
-    assert "| heads drawn: 4 |" in line
-    assert "| parameters: 9,216 |" in line
-    assert f"| FLOPs total: {mha_course.attention_flops(T, 48, 4)['total']:,} |" in line
-    assert line.endswith("weights (h, T, T) = (4, 11, 11) = 484 values")
+    assert line.startswith("h=4 d_k=12 d_model=48 | heads drawn: 4 | parameters: 9,216 | ")
+    assert f"| FLOPs: {mha_course.attention_flops(T, 48, 4)['total']:,} |" in line
+    assert "| weights: 4×11×11 = 484 |" in line
+    assert line.endswith(f"largest weight: {summary['largest_weight']:.2f}")
+    for item in summary_items(summary):
+        for word in item.split():
+            assert not word.endswith(","), f"a number broken after a comma in {item!r}"
     _, big = draw_explorer(16, 64, hold_d_model=False)
-    assert re.search(r"parameters: 196,608 \|", summary_line(big))
-    assert "= 1,936 values" in summary_line(big)
+    assert "parameters: 196,608 |" in summary_line(big)
+    assert "weights: 16×11×11 = 1,936" in summary_line(big)
 
 
 def test_redrawing_into_a_figure_reuses_its_axes_and_hides_the_spares():
@@ -98,73 +182,85 @@ def test_redrawing_into_a_figure_reuses_its_axes_and_hides_the_spares():
     assert again is fig
     assert len(fig.axes) == n_axes  # nothing added
     assert summary["heads_drawn"] == 2
-    visible = [ax for ax in fig.axes if ax.get_visible() and ax.get_label().startswith("head ")]
+    visible = _heatmaps(fig)
     np.testing.assert_array_equal(visible[1].images[0].get_array(), summary["weights"][1])
-
-
-def test_plot_heads_rejects_labels_that_do_not_match_the_weights():
-    with pytest.raises(ValueError, match=r"plot_heads: weights has shape \(2, 3, 3\)"):
-        plot_heads(np.zeros((2, 3, 3)), ["a", "b"])
-    with pytest.raises(ValueError, match="titles has 1 entries; expected h=2"):
-        plot_heads(np.zeros((2, 2, 2)), ["a", "b"], titles=["x"])
 
 
 # ----------------------------------------------------------------------------- the widget
 def _widgets(box):
-    sliders, hold, out = box.children[0].children, box.children[1], box.children[2]
-    return {s.description: s for s in sliders}, hold, out
+    controls, image = box.children
+    h, d_k, hold, panel = controls.children
+    return {"h": h, "d_k": d_k}, hold, panel, image
 
 
-def _text(out):
-    return "".join(o.get("text", "") for o in out.outputs if o["output_type"] == "stream")
-
-
-def _has_png(out):
-    return any("image/png" in o.get("data", {}) for o in out.outputs)
+def _png_size(image):
+    return Image.open(io.BytesIO(image.value)).size
 
 
 def test_explorer_widgets_match_the_documented_interface():
     box = explorer()
-    sliders, hold, out = _widgets(box)
-    assert type(box).__name__ == "VBox"
+    sliders, hold, panel, image = _widgets(box)
+    assert type(box).__name__ == "HBox"
     assert (sliders["h"].min, sliders["h"].max) == (1, 16)
     assert (sliders["d_k"].min, sliders["d_k"].max) == (1, 64)
     assert not sliders["h"].continuous_update and not sliders["d_k"].continuous_update
-    assert hold.description == "hold d_model fixed (d_k = d_model / h)"
+    assert hold.description == "hold d_model (d_k = d_model / h)"
     assert hold.value and sliders["d_k"].disabled
-    assert "heads drawn: 4" in _text(out) and _has_png(out)
+    assert "heads drawn: 4" in panel.value and "9,216" in panel.value
+    assert _png_size(image) == (round(FIGSIZE[0] * WIDGET_DPI), round(FIGSIZE[1] * WIDGET_DPI))
 
 
-def test_moving_the_h_slider_redraws_the_output():
+def test_h_with_and_without_a_layer_keeps_the_widget_and_its_picture_the_same_size():
     box = explorer()
-    sliders, _, out = _widgets(box)
+    sliders, hold, panel, image = _widgets(box)
+    layouts = (box.layout.height, box.children[0].layout.width, panel.layout.height,
+               image.layout.width, image.layout.height)
+    sizes = set()
+    for h in (16, 5, 1, 7, 12):  # divisors of 48 and not
+        sliders["h"].value = h
+        sizes.add(_png_size(image))
+        assert (box.layout.height, box.children[0].layout.width, panel.layout.height,
+                image.layout.width, image.layout.height) == layouts
+    assert len(sizes) == 1
+
+
+def test_moving_the_h_slider_redraws_the_picture_and_the_numbers():
+    box = explorer()
+    sliders, _, panel, image = _widgets(box)
+    before = image.value
     sliders["h"].value = 8
-    assert "heads drawn: 8" in _text(out)
+    assert "heads drawn: 8" in panel.value and image.value != before
     assert sliders["d_k"].value == 6  # follows d_model // h while held
-    assert "parameters: 9,216" in _text(out)
-    assert len(out.outputs) == 2 and _has_png(out)  # replaced, not appended
+    assert "9,216" in panel.value  # parameters: 4·d_model², whatever h
+
+
+def test_parameters_and_flops_are_shown_large_and_without_line_breaks():
+    box = explorer()
+    _, _, panel, _ = _widgets(box)
+    assert "font-size: 22px" in panel.value
+    assert panel.value.count("white-space: nowrap") >= 5
+    assert f"{mha_course.attention_flops(T, 48, 4)['total']:,}" in panel.value
 
 
 def test_unholding_d_model_lets_the_d_k_slider_change_the_parameter_count():
     box = explorer()
-    sliders, hold, out = _widgets(box)
+    sliders, hold, panel, _ = _widgets(box)
     hold.value = False
     assert not sliders["d_k"].disabled
     sliders["h"].value = 5
     sliders["d_k"].value = 7
-    text = _text(out)
-    assert "h=5  d_k=7" in text and "heads drawn: 5" in text
-    assert f"parameters: {mha_course.param_count(48, 5, 7):,}" in text
+    assert "h=5 d_k=7" in panel.value and "heads drawn: 5" in panel.value
+    assert f"{mha_course.param_count(48, 5, 7):,}" in panel.value
     hold.value = True
     assert sliders["d_k"].disabled and sliders["d_k"].value == 48 // 5
-    assert "heads drawn: 0" in _text(out)
-    assert "not divisible by h=5" in _text(out)
+    assert "heads drawn: 0" in panel.value
+    assert "not divisible by h=5" in panel.value
 
 
 def test_explorer_redraws_leave_no_pyplot_figures_open():
     before = plt.get_fignums()
     box = explorer()
-    sliders, _, _ = _widgets(box)
+    sliders, *_ = _widgets(box)
     for h in (16, 2, 8):
         sliders["h"].value = h
     assert plt.get_fignums() == before

@@ -4,7 +4,14 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
-from mha_course.plotting import TOKENS, plot_weights, plot_weights_panels
+from mha_course.plotting import (
+    HEADS_FIGSIZE,
+    TOKENS,
+    grid_shape,
+    plot_heads,
+    plot_weights,
+    plot_weights_panels,
+)
 
 plt.switch_backend("Agg")
 
@@ -82,3 +89,41 @@ def test_panels_refuse_inconsistent_arguments(kwargs, message):
     kwargs.setdefault("tokens_q", ["a", "b"])
     with pytest.raises(ValueError, match=message):
         plot_weights_panels(**kwargs)
+
+
+def test_panels_take_a_size_and_spacing():
+    fig, _ = plot_weights_panels(np.full((2, 3, 3), 1 / 3), ["a", "b", "c"], figsize=(7, 3),
+                                 spacing={"w_pad": 0.2, "wspace": 0.1})
+    assert tuple(fig.get_size_inches()) == (7, 3)
+    assert fig.get_layout_engine().get()["wspace"] == 0.1
+
+
+# ------------------------------------------------------------------ a grid of heads
+@pytest.mark.parametrize(("h", "rows_cols"), [(1, (1, 1)), (2, (1, 2)), (3, (1, 3)),
+                                              (4, (2, 2)), (6, (2, 3)), (8, (2, 4))])
+def test_small_head_counts_fill_their_grid(h, rows_cols):
+    assert grid_shape(h, 5.3, 3.6) == rows_cols
+
+
+@pytest.mark.parametrize("h", range(1, 17))
+def test_grid_holds_every_head_with_less_than_a_row_spare(h):
+    nrows, ncols = grid_shape(h, 5.3, 3.6)
+    assert nrows * ncols >= h > (nrows - 1) * ncols
+
+
+def test_plot_heads_rejects_labels_that_do_not_match_the_weights():
+    with pytest.raises(ValueError, match=r"plot_heads: weights has shape \(2, 3, 3\)"):
+        plot_heads(np.zeros((2, 3, 3)), ["a", "b"])
+    with pytest.raises(ValueError, match="titles has 1 entries; expected h=2"):
+        plot_heads(np.zeros((2, 2, 2)), ["a", "b"], titles=["x"])
+
+
+def test_plot_heads_takes_a_figure_size():
+    fig, _ = plot_heads(np.full((3, 2, 2), 0.5), ["a", "b"], figsize=(9, 3))
+    assert tuple(fig.get_size_inches()) == (9, 3)
+
+
+def test_plot_heads_defaults_to_its_figure_size_and_one_colorbar():
+    fig, axes = plot_heads(np.full((3, 11, 11), 1 / 11))
+    assert tuple(fig.get_size_inches()) == HEADS_FIGSIZE
+    assert len(axes) == 3 and len(fig.axes) == 4

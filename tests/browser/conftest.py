@@ -1,9 +1,10 @@
 """Fixtures for the browser tests: a private JupyterLab server and Debian's Chromium.
 
 The server runs on 127.0.0.1, on a free port, with a random token, and keeps its config,
-runtime, data, settings and workspaces in a pytest temporary folder. It serves a copy of the
-lessons, so nothing in the checkout changes. Teardown stops it and its kernels even when a
-test fails.
+runtime, data, settings and workspaces in a pytest temporary folder. It serves an unchanged copy
+of the lessons (so nothing in the checkout changes, and a cell that lacks its tag fails as it
+would for a learner). Teardown stops it and its kernels even when a test fails. Every page may
+only talk to 127.0.0.1: other requests are blocked and recorded, and the tests fail on them.
 
 Without Chromium or playwright the tests skip, saying how to enable them; with
 ``MHA_COURSE_REQUIRE_BROWSER=1`` (CI) they fail instead.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -25,13 +27,11 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import nbformat
 import pytest
 
 from mha_course.grading.run import descendants  # the kernel-process walker of the checker
 
 from .labdriver import (
-    RAISES_MARK,
     cell_report,
     close_notebook,
     lessons,
@@ -89,7 +89,6 @@ class LabServer:
     token: str
     root: Path  # the served copy of the course
     log: Path  # the server's stdout and stderr
-    tagged: dict[str, list[int]] = field(default_factory=dict)  # raises-exception tags we added
 
     def lab_url(self, path: str) -> str:
         return f"{self.url}{path}?token={self.token}"
@@ -112,27 +111,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _copy_lessons(dest: Path) -> dict[str, list[int]]:
-    """Copy the lessons; tag each NBVAL_RAISES_EXCEPTION cell ``raises-exception`` in the copy.
-
-    JupyterLab's run-all sends ``stop_on_error=True`` unless a cell has that tag, so an untagged
-    deliberate error stops every cell after it. Returns the cells tagged here, by notebook name
-    (empty lists once the lessons carry the tag themselves).
-    """
+def _copy_lessons(dest: Path) -> None:
+    """Copy the lessons byte for byte: the test runs what a learner opens."""
     dest.mkdir(parents=True)
-    tagged = {}
     for src in lessons():
-        nb = nbformat.read(src, as_version=4)
-        added = []
-        for i, cell in enumerate(nb.cells):
-            if cell.cell_type == "code" and RAISES_MARK in cell.source:
-                tags = cell.metadata.setdefault("tags", [])
-                if "raises-exception" not in tags:
-                    tags.append("raises-exception")
-                    added.append(i)
-        tagged[src.name] = added
-        nbformat.write(nb, dest / src.name)
-    return tagged
+        shutil.copyfile(src, dest / src.name)
 
 
 def _write_user_settings(settings_dir: Path) -> None:
@@ -193,7 +176,7 @@ def lab_server(tmp_path_factory) -> LabServer:
     require_browser()  # no server when the tests will skip anyway
     base = tmp_path_factory.mktemp("jupyterlab")
     root = base / "course"
-    tagged = _copy_lessons(root / "notebooks")
+    _copy_lessons(root / "notebooks")
     dirs = {
         name: base / name.lower()
         for name in (
@@ -237,7 +220,7 @@ def lab_server(tmp_path_factory) -> LabServer:
         )  # fmt: skip
     server = None
     try:
-        candidate = LabServer(f"http://127.0.0.1:{port}/", token, root, log, tagged)
+        candidate = LabServer(f"http://127.0.0.1:{port}/", token, root, log)
         deadline = time.monotonic() + SERVER_START_TIMEOUT
         while True:
             if proc.poll() is not None:
@@ -327,6 +310,7 @@ class LessonRun:
     cells: list[dict]  # labdriver.cell_report right after the run
     screenshots: list[Path]
     seconds: dict[str, float]  # time spent opening, waiting for the kernel, running, shooting
+    blocked: list[str]  # requests away from 127.0.0.1 while the lesson opened and ran
 
 
 @pytest.fixture(scope="session")
@@ -357,6 +341,7 @@ def _lesson_runs(lab_tab, lab_server):
             nonlocal clock
             seconds[what], clock = round(time.monotonic() - clock, 1), time.monotonic()
 
+        first_blocked = len(lab_tab.blocked)
         try:
             open_notebook(page, path)
             lap("open")
@@ -372,7 +357,8 @@ def _lesson_runs(lab_tab, lab_server):
         except BaseException:
             broken.append(path)
             raise
-        runs[name] = LessonRun(name, path, lab_tab, cells, shots, seconds)
+        runs[name] = LessonRun(name, path, lab_tab, cells, shots, seconds,
+                               lab_tab.blocked[first_blocked:])
         return runs[name]
 
     def release(name: str) -> None:

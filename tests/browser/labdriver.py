@@ -16,7 +16,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 # Where the lessons come from (override only to debug the suite on other notebooks).
 LESSONS_DIR = Path(os.environ.get("MHA_COURSE_LESSONS_DIR", REPO / "notebooks"))
-RAISES_MARK = "NBVAL_RAISES_EXCEPTION"
+#: The cell tag that marks a deliberate error: nbval expects the exception, and JupyterLab's Run
+#: All carries on past the cell (without it, Run All stops there for the learner).
+RAISES_TAG = "raises-exception"
 
 
 def lessons() -> list[Path]:
@@ -186,12 +188,13 @@ def wait_for_widgets(page, path: str, timeout: float = 15.0) -> bool:
 
 
 def cell_report(page, path: str) -> list[dict]:
-    """Every code cell: its index, source, execution count, prompt, outputs as seen.
+    """Every code cell: its index, source, tags, execution count, prompt, outputs as seen.
 
-    ``outputs`` lists the model's output types ("stream:stderr", "error", "display_data", ...);
-    ``errors`` holds "ename: evalue" of each error output; ``dom_stderr`` counts the rendered
-    outputs marked application/vnd.jupyter.stderr; ``widget_views`` the widget outputs;
-    ``rendered_widgets`` the rendered ipywidgets; ``text`` the cell's rendered output text.
+    ``tags`` are the cell's metadata tags, as JupyterLab loaded them; ``outputs`` lists the
+    model's output types ("stream:stderr", "error", "display_data", ...); ``errors`` holds
+    "ename: evalue" of each error output; ``dom_stderr`` counts the rendered outputs marked
+    application/vnd.jupyter.stderr; ``widget_views`` the widget outputs; ``rendered_widgets``
+    the rendered ipywidgets; ``text`` the cell's rendered output text.
     """
     return page.evaluate(
         f"""(path) => {{ {_FIND}
@@ -211,6 +214,7 @@ def cell_report(page, path: str) -> list[dict]:
             return {{
               index,
               source: cell.model.sharedModel.getSource(),
+              tags: cell.model.getMetadata('tags') || [],
               count: cell.model.executionCount,
               prompt: cell.promptNode ? cell.promptNode.textContent.trim() : '',
               outputs, errors, widget_views: widgetViews,
@@ -297,3 +301,41 @@ def shutdown_kernel(server, path: str) -> None:
     for session in server.api("sessions"):
         if session["path"] == path:
             server.api(f"sessions/{session['id']}", method="DELETE")
+
+
+def lesson_problems(cells: list[dict], blocked: list[str]) -> list[str]:
+    """What is wrong with a lesson's run in JupyterLab, one line each (empty: nothing).
+
+    ``cells`` is :func:`cell_report` after Run All; ``blocked`` the requests the page tried to
+    send away from 127.0.0.1 meanwhile. A lesson passes when every non-empty code cell ran, in
+    order, from a fresh kernel (execution counts 1..N), only cells tagged ``raises-exception``
+    raised and each of them did, no output renders as an error, every widget rendered, and the
+    page asked nothing of the network.
+    """
+    found = []
+    ran = [c for c in cells if c["source"].strip()]
+    for c in ran:
+        tagged = RAISES_TAG in c.get("tags", [])
+        if c["errors"] and not tagged:
+            found.append(f"cell {c['index']} raised {c['errors'][0]!r} without the "
+                         f"'{RAISES_TAG}' tag (Run All stops there for learners)")
+        if tagged and not c["errors"]:
+            found.append(f"cell {c['index']} is tagged '{RAISES_TAG}' but raised nothing")
+        # Rendered stderr that is neither a warning stream nor an expected error is a rendering
+        # error ("Javascript Error: ...").
+        allowed = c["outputs"].count("stream:stderr") + len(c["errors"])
+        if c["dom_stderr"] > allowed:
+            found.append(f"cell {c['index']} renders an error: {c['text'][:300]}")
+        if "Error displaying widget" in c["text"]:
+            found.append(f"cell {c['index']}: {c['text'][:300]}")
+        # Without the ipywidgets lab extension a widget falls back to its text repr.
+        if c["rendered_widgets"] < c["widget_views"]:
+            found.append(f"cell {c['index']}: {c['widget_views']} widget(s) not rendered: "
+                         f"{c['text'][:200]}")
+    counts = [c["count"] for c in ran]
+    if counts != list(range(1, len(ran) + 1)):
+        stopped = [c["index"] for c in ran if c["count"] is None]
+        found.append(f"execution counts {counts} are not 1..{len(ran)}"
+                     + (f"; cells {stopped[:5]} never ran" if stopped else ""))
+    found.extend(f"request left 127.0.0.1 (blocked): {url}" for url in blocked)
+    return found

@@ -1,5 +1,6 @@
-"""The course as a learner meets it: JupyterLab in Chromium runs every lesson, and the h / d_k
-explorer of lesson 04 redraws when its sliders move.
+"""The course as a learner meets it: JupyterLab in Chromium runs every lesson, the h / d_k
+explorer of lesson 04 redraws when its sliders move (keyboard only) and fits a laptop screen,
+and the attention stepper of lesson 03 redraws when its controls change.
 
 Run with ``pytest tests/browser``; screenshots land in each test's temporary folder (paths are
 printed; ``-s`` shows them as they are taken).
@@ -8,205 +9,285 @@ printed; ``-s`` shows them as they are taken).
 from __future__ import annotations
 
 import re
-import warnings
 from itertools import pairwise
 
-import nbformat
 import pytest
 
 import mha_course
 
-from .labdriver import LESSONS_DIR as LESSONS
-from .labdriver import RAISES_MARK, lessons, panel_id
+from .labdriver import lesson_problems, lessons, panel_id
 
 pytestmark = pytest.mark.browser
 
 TIMEOUT_MS = 30_000  # expect() waits 5 s by default; a redraw after a kernel round trip may not
+# Lessons whose widgets the tests below drive: their run stays open (kernel and all) for them.
+WIDGET_LESSONS = ("03_", "04_")
+# A 1366 x 768 screen less the browser's tab and address bars and a taskbar: the page's size.
+LAPTOP_VIEWPORT = {"width": 1366, "height": 650}
 
 
 @pytest.mark.parametrize("lesson", [p.name for p in lessons()])
-def test_lesson_runs_all_cells_in_jupyterlab_without_errors(run_lesson, lab_server, lesson):
-    if lab_server.tagged.get(lesson):
-        warnings.warn(
-            f"{lesson}: code cells {lab_server.tagged[lesson]} say {RAISES_MARK} but lack the "
-            "'raises-exception' tag, so JupyterLab's Run All stops there for learners; "
-            "the test tagged its copy",
-            stacklevel=1,
-        )
+def test_lesson_runs_all_cells_in_jupyterlab_without_errors(run_lesson, lesson):
     run = run_lesson(lesson)
     print(f"\n{lesson}: seconds {run.seconds}")
     for shot in run.screenshots:
         print(f"screenshot of {lesson} after Run All: {shot}")
-    if run.tab.blocked:
-        print(f"blocked requests (not to 127.0.0.1): {run.tab.blocked}")
-    if not lesson.startswith("04_"):  # lesson 04 stays open for the explorer test
+    if not lesson.startswith(WIDGET_LESSONS):
         run_lesson.release(lesson)
+    problems = lesson_problems(run.cells, run.blocked)
+    assert not problems, f"{lesson}:\n" + "\n".join(problems)
 
-    ran = [c for c in run.cells if c["source"].strip()]
-    # The deliberate errors: cells tagged raises-exception in the lesson file (nbval's marker).
-    cells = nbformat.read(LESSONS / lesson, as_version=4).cells
-    deliberate = {i for i, cell in enumerate(cells)
-                  if "raises-exception" in cell.metadata.get("tags", [])
-                  or RAISES_MARK in cell.get("source", "")}
-    unexpected = {c["index"]: c["errors"] for c in ran
-                  if c["errors"] and c["index"] not in deliberate}
-    assert not unexpected, f"{lesson}: error output in cells {unexpected}"
-    silent = [c["index"] for c in ran if c["index"] in deliberate and not c["errors"]]
-    assert not silent, f"{lesson}: cells {silent} are tagged raises-exception but raised nothing"
-    # A fresh kernel numbers the cells 1..N: every cell ran, in order, after the deliberate error.
-    assert [c["count"] for c in ran] == list(range(1, len(ran) + 1)), [
-        (c["index"], c["prompt"]) for c in ran
-    ]
-    for c in ran:
-        # Rendered stderr that is neither a warning stream nor an expected error is a rendering
-        # error ("Javascript Error: ...").
-        allowed = c["outputs"].count("stream:stderr") + len(c["errors"])
-        assert c["dom_stderr"] <= allowed, f"cell {c['index']} renders an error: {c['text'][:500]}"
-        assert "Error displaying widget" not in c["text"], f"cell {c['index']}: {c['text'][:500]}"
-        # Without the ipywidgets lab extension a widget falls back to its text repr.
-        assert c["rendered_widgets"] >= c["widget_views"], (
-            f"cell {c['index']}: {c['widget_views']} widget(s) not rendered: {c['text'][:300]}"
-        )
+
+def _lesson(prefix: str) -> str:
+    found = [p.name for p in lessons() if p.name.startswith(prefix)]
+    if not found:
+        pytest.skip(f"lesson {prefix[:2]} (notebooks/{prefix}*.ipynb) does not exist yet")
+    return found[0]
+
+
+def _widget_box(page, notebook, kind: str, has_text: re.Pattern):
+    """The last widget box of ``kind`` ("hbox", "vbox") in the notebook holding ``has_text``."""
+    return (notebook.locator(f".widget-{kind}")
+            .filter(has=page.locator(".widget-label, .widget-checkbox", has_text=has_text))
+            .last)
+
+
+def _image(box, previous: str | None = None) -> str:
+    """The widget's picture, as the image's source (a new one at every redraw).
+
+    With ``previous``, wait until the source differs from it: the picture and the text beside it
+    arrive as separate updates.
+    """
+    from playwright.sync_api import expect
+
+    image = box.locator(".widget-image")
+    expect(image).to_have_count(1, timeout=TIMEOUT_MS)
+    if previous is not None:
+        expect(image).not_to_have_attribute("src", previous, timeout=TIMEOUT_MS)
+    return image.get_attribute("src")
+
+
+def _slider(box, label: str):
+    return box.locator(".widget-slider").filter(
+        has=box.page.locator(".widget-label", has_text=re.compile(rf"^\s*{label}\s*$"))
+    )
+
+
+def _press_to(handle, target: int | None = None, presses: int | None = None) -> None:
+    """Move a slider with the keyboard: focus its handle and press arrows.
+
+    Either until ``aria-valuenow`` is ``target``, or ``presses`` times to the right (a
+    SelectionSlider's handle reports an index).
+    """
+    from playwright.sync_api import expect
+
+    handle.focus()
+    if target is None:
+        now = int(float(handle.get_attribute("aria-valuenow")))
+        for _ in range(presses):
+            handle.press("ArrowRight")
+        target = now + presses
+    else:
+        now = int(float(handle.get_attribute("aria-valuenow")))
+        key = "ArrowRight" if target > now else "ArrowLeft"
+        for _ in range(abs(target - now)):
+            handle.press(key)
+    expect(handle).to_have_attribute("aria-valuenow", re.compile(rf"^{target}(\.0+)?$"))
+
+
+def _assert_no_blocked(run, since: int) -> None:
+    blocked = run.tab.blocked[since:]
+    assert not blocked, f"requests left 127.0.0.1 (blocked): {blocked}"
 
 
 # --- lesson 04: the h / d_k explorer -----------------------------------------------------------
 
-LINE = re.compile(
-    r"h=(?P<h>\d+)\s+d_k=(?P<d_k>\d+)\s+d_model=(?P<d_model>\d+)\s*\|\s*"
-    r"heads drawn: (?P<heads>\d+)\s*\|\s*parameters: (?P<params>[\d,]+)"
-)
+HEAD = re.compile(r"h=(?P<h>\d+) d_k=(?P<d_k>\d+|-) d_model=(?P<d_model>\d+)")
 
 
-def _line_for(h: int, d_k: int) -> re.Pattern:
-    return re.compile(rf"h={h}\s+d_k={d_k}\s+d_model=\d+\s*\|\s*heads drawn: \d+")
+def _summary(panel) -> dict:
+    """The numbers the explorer's panel shows: h, d_k, d_model, heads drawn, parameters."""
+    text = panel.text_content()  # the panel's blocks are separated by newlines
+    head = HEAD.search(text)
+    heads = re.search(r"heads drawn: (\d+)", text)
+    assert head and heads, f"no summary in the explorer's panel: {text[:400]!r}"
+    params = re.search(r"parameters\s*([\d,]+)", text)
+    return {"h": int(head["h"]), "d_k": None if head["d_k"] == "-" else int(head["d_k"]),
+            "d_model": int(head["d_model"]), "heads": int(heads[1]),
+            "params": int(params[1].replace(",", "")) if params else None, "text": text}
 
 
-def _summary(output) -> dict[str, int]:
-    match = LINE.search(output.text_content())
-    assert match, f"no summary line in the explorer output: {output.text_content()[:500]!r}"
-    return {k: int(v.replace(",", "")) for k, v in match.groupdict().items()}
+def _explorer(page, run):
+    notebook = page.locator(f'[id="{panel_id(page, run.path)}"]')
+    return _widget_box(page, notebook, "hbox", re.compile(r"hold d_model"))
 
 
-def _figure(output) -> str:
-    """The explorer's figure, as the image's data URL (one image per redraw)."""
+def test_explorer_redraws_when_h_and_d_k_move_by_keyboard(run_lesson, tmp_path):
     from playwright.sync_api import expect
 
-    image = output.locator("img")
-    expect(image).to_have_count(1, timeout=TIMEOUT_MS)
-    return image.get_attribute("src")
-
-
-def _slider(explorer, label: str):
-    return explorer.locator(".widget-slider").filter(
-        has=explorer.page.locator(".widget-label", has_text=re.compile(rf"^\s*{label}\s*$"))
-    )
-
-
-def _press_to(handle, target: int) -> None:
-    """Move a slider with the keyboard: focus its handle and press arrows until ``target``."""
-    handle.focus()
-    now = int(handle.get_attribute("aria-valuenow").split(".")[0])
-    key = "ArrowRight" if target > now else "ArrowLeft"
-    for _ in range(abs(target - now)):
-        handle.press(key)
-    from playwright.sync_api import expect
-
-    expect(handle).to_have_attribute("aria-valuenow", re.compile(rf"^{target}(\.0+)?$"))
-
-
-def _lesson_04() -> str:
-    found = [p.name for p in lessons() if p.name.startswith("04_")]
-    if not found:
-        pytest.skip("lesson 04 (notebooks/04_*.ipynb) does not exist yet")
-    return found[0]
-
-
-def test_explorer_redraws_when_h_and_d_k_change(run_lesson, tmp_path):
-    from playwright.sync_api import expect
-
-    lesson = _lesson_04()
+    lesson = _lesson("04_")
     run = run_lesson(lesson)
     page = run.tab.page
+    since = len(run.tab.blocked)
+    explorer = _explorer(page, run)
+    expect(explorer).to_be_visible(timeout=TIMEOUT_MS)
+    panel = explorer.locator(".widget-html")
+    expect(panel).to_contain_text("heads drawn:", timeout=TIMEOUT_MS)
+    h_handle = _slider(explorer, "h").locator(".noUi-handle")
+    d_k_handle = _slider(explorer, "d_k").locator(".noUi-handle")
+    d_k_readout = _slider(explorer, "d_k").locator(".widget-readout")
+    hold = explorer.locator(".widget-checkbox input[type=checkbox]")
+
+    start = _summary(panel)
+    d_model = start["d_model"]
+    assert start["heads"] == start["h"]
+    assert start["params"] == mha_course.param_count(d_model, start["h"], start["d_k"])
+    assert hold.is_checked(), "the explorer should start with d_model held fixed"
+    figures = [_image(explorer)]
+
+    # 1. h moves (keyboard on the handle) to the nearest other divisor of d_model;
+    #    d_k follows d_model // h and the parameter count stays 4 * d_model**2.
+    h1 = min((h for h in range(1, 17) if d_model % h == 0 and h != start["h"]),
+             key=lambda h: abs(h - start["h"]))
+    _press_to(h_handle, h1)
+    expect(panel).to_contain_text(f"h={h1} d_k={d_model // h1} ", timeout=TIMEOUT_MS)
+    after_h = _summary(panel)
+    assert after_h["heads"] == h1
+    assert after_h["params"] == mha_course.param_count(d_model, h1) == 4 * d_model**2
+    expect(d_k_readout).to_have_text(str(d_model // h1), timeout=TIMEOUT_MS)
+    figures.append(_image(explorer, figures[-1]))
+    shot = tmp_path / f"explorer_h{h1}_d_k{d_model // h1}.png"
+    explorer.screenshot(path=shot)
+    print(f"\nscreenshot of the explorer at h={h1}, d_k={d_model // h1}: {shot}")
+
+    # 2. An h that does not divide d_model: no heads, the package's message instead, and the
+    #    widget keeps its size.
+    box = explorer.bounding_box()
+    h_bad = min((h for h in range(1, 17) if d_model % h), key=lambda h: (abs(h - h1), h))
+    _press_to(h_handle, h_bad)
+    expect(panel).to_contain_text(re.compile(rf"h={h_bad}\b.*heads drawn: 0.*not divisible by "
+                                             rf"h={h_bad}", re.S), timeout=TIMEOUT_MS)
+    figures.append(_image(explorer, figures[-1]))
+    error_box = explorer.bounding_box()
+    assert (error_box["width"], error_box["height"]) == (box["width"], box["height"])
+
+    # 3. "hold d_model" off; move d_k with the keyboard too: now this h works, with
+    #    4 * d_model * h * d_k parameters.
+    hold.uncheck()
+    expect(d_k_readout).to_have_attribute("contenteditable", "true", timeout=TIMEOUT_MS)
+    d_k2 = int(float(d_k_handle.get_attribute("aria-valuenow"))) + 5
+    _press_to(d_k_handle, d_k2)
+    expect(panel).to_contain_text(f"h={h_bad} d_k={d_k2} ", timeout=TIMEOUT_MS)
+    after_d_k = _summary(panel)
+    assert after_d_k["heads"] == h_bad
+    assert after_d_k["params"] == mha_course.param_count(d_model, h_bad, d_k2)
+    assert after_d_k["params"] != after_h["params"]
+    figures.append(_image(explorer, figures[-1]))
+
+    # 4. With d_k free, each head adds 4 * d_model * d_k parameters and one heatmap.
+    h2 = h_bad + 1 if h_bad < 16 else h_bad - 1
+    _press_to(h_handle, h2)
+    expect(panel).to_contain_text(f"h={h2} d_k={d_k2} ", timeout=TIMEOUT_MS)
+    after_h2 = _summary(panel)
+    assert after_h2["heads"] == h2
+    assert after_h2["params"] == mha_course.param_count(d_model, h2, d_k2)
+    assert after_h2["params"] - after_d_k["params"] == 4 * d_model * d_k2 * (h2 - h_bad)
+    figures.append(_image(explorer, figures[-1]))
+    shot = tmp_path / f"explorer_h{h2}_d_k{d_k2}.png"
+    explorer.screenshot(path=shot)
+    print(f"screenshot of the explorer at h={h2}, d_k={d_k2}: {shot}")
+
+    # Every change drew a new picture, and nothing was asked of the network.
+    assert all(a != b for a, b in pairwise(figures)), "a figure was not redrawn"
+    _assert_no_blocked(run, since)
+
+
+def test_explorer_fits_a_1366_by_768_screen_with_its_controls_in_view(run_lesson, tmp_path):
+    from playwright.sync_api import expect
+
+    lesson = _lesson("04_")
+    run = run_lesson(lesson)
+    page = run.tab.page
+    size = page.viewport_size
+    try:
+        page.set_viewport_size(LAPTOP_VIEWPORT)
+        page.evaluate("""() => {  // the file browser open beside the notebook, as Lab starts
+          const app = window.jupyterapp;
+          if (app.shell.leftCollapsed) app.commands.execute('application:toggle-left-area');
+          app.shell.activateById('filebrowser');
+        }""")
+        page.wait_for_timeout(500)
+        explorer = _explorer(page, run)
+        expect(explorer).to_be_visible(timeout=TIMEOUT_MS)
+        # Scroll the notebook so the explorer's top meets the top of the notebook's view.
+        view = explorer.evaluate(
+            """(el) => {
+              const outer = el.closest('.jp-WindowedPanel-outer')
+                || el.closest('.jp-Notebook');
+              outer.scrollTop += el.getBoundingClientRect().top
+                - outer.getBoundingClientRect().top - 4;
+              const r = outer.getBoundingClientRect();
+              return {x: r.x, y: r.y, width: r.width, height: r.height};
+            }""")
+        page.wait_for_timeout(300)
+        box = explorer.bounding_box()
+        shot = tmp_path / "explorer_on_a_1366x768_screen.png"
+        page.screenshot(path=shot)
+        print(f"\nexplorer {box['width']:.0f} x {box['height']:.0f} px in a notebook area of "
+              f"{view['width']:.0f} x {view['height']:.0f} px (page {LAPTOP_VIEWPORT}); {shot}")
+        inside = (box["x"] >= view["x"] - 1 and box["y"] >= view["y"] - 1
+                  and box["x"] + box["width"] <= view["x"] + view["width"] + 1
+                  and box["y"] + box["height"] <= view["y"] + view["height"] + 1)
+        assert inside, f"the explorer {box} does not fit in the notebook's view {view}"
+        for part in (_slider(explorer, "h"), _slider(explorer, "d_k"),
+                     explorer.locator(".widget-html"), explorer.locator(".widget-image")):
+            expect(part).to_be_in_viewport(ratio=1.0)
+    finally:
+        page.set_viewport_size(size)
+        run_lesson.release(lesson)
+
+
+# --- lesson 03: the attention stepper ----------------------------------------------------------
+
+def test_stepper_redraws_when_its_controls_change(run_lesson, tmp_path):
+    from playwright.sync_api import expect
+
+    lesson = _lesson("03_")
+    run = run_lesson(lesson)
+    page = run.tab.page
+    since = len(run.tab.blocked)
     try:
         notebook = page.locator(f'[id="{panel_id(page, run.path)}"]')
-        h_label = re.compile(r"^\s*h\s*$")
-        explorer = (
-            notebook.locator(".widget-vbox")
-            .filter(has=page.locator(".widget-label", has_text=h_label))
-            .filter(has=page.locator(".widget-checkbox"))
-            .last
-        )
-        expect(explorer).to_be_visible(timeout=TIMEOUT_MS)
-        output = explorer.locator(".widget-output")
-        expect(output).to_contain_text("heads drawn:", timeout=TIMEOUT_MS)
-        h_handle = _slider(explorer, "h").locator(".noUi-handle")
-        d_k_readout = _slider(explorer, "d_k").locator(".widget-readout")
-        hold = explorer.locator(".widget-checkbox input[type=checkbox]")
+        stepper = _widget_box(page, notebook, "vbox", re.compile(r"divide by √d_k"))
+        expect(stepper).to_be_visible(timeout=TIMEOUT_MS)
+        summary = stepper.locator(".widget-html")
+        expect(summary).to_contain_text("√d_k on, τ=1)", timeout=TIMEOUT_MS)
+        expect(summary).to_contain_text("mask none: 0 cells −∞", timeout=TIMEOUT_MS)
+        pictures = [_image(stepper)]
 
-        start = _summary(output)
-        d_model = start["d_model"]
-        assert start["heads"] == start["h"]
-        assert start["params"] == mha_course.param_count(d_model, start["h"], start["d_k"])
-        assert hold.is_checked(), "the explorer should start with d_model held fixed"
+        # √d_k off: the scores are divided by τ only.
+        stepper.locator(".widget-checkbox input[type=checkbox]").uncheck()
+        expect(summary).to_contain_text("scores ÷ 1 (√d_k off, τ=1)", timeout=TIMEOUT_MS)
+        pictures.append(_image(stepper, pictures[-1]))
 
-        figures = [_figure(output)]
+        # τ one step up (keyboard): 1 -> 2.
+        _press_to(_slider(stepper, "τ").locator(".noUi-handle"), presses=1)
+        expect(summary).to_contain_text("(√d_k off, τ=2)", timeout=TIMEOUT_MS)
+        pictures.append(_image(stepper, pictures[-1]))
 
-        # 1. h moves (keyboard on the handle) to the nearest other divisor of d_model;
-        #    d_k follows d_model // h and the parameter count stays 4 * d_model**2.
-        h1 = min(
-            (h for h in range(1, 17) if d_model % h == 0 and h != start["h"]),
-            key=lambda h: abs(h - start["h"]),
-        )
-        _press_to(h_handle, h1)
-        expect(output).to_contain_text(_line_for(h1, d_model // h1), timeout=TIMEOUT_MS)
-        after_h = _summary(output)
-        assert after_h["heads"] == h1
-        assert after_h["params"] == mha_course.param_count(d_model, h1) == 4 * d_model**2
-        expect(d_k_readout).to_have_text(str(d_model // h1), timeout=TIMEOUT_MS)
-        figures.append(_figure(output))
-        shot = tmp_path / f"explorer_h{h1}_d_k{d_model // h1}.png"
-        explorer.screenshot(path=shot)
-        print(f"\nscreenshot of the explorer at h={h1}, d_k={d_model // h1}: {shot}")
+        # The causal mask: 15 cells of 6 x 6 are −∞; padding: 2 columns of 6 rows.
+        stepper.locator("select").select_option("causal")
+        expect(summary).to_contain_text("mask causal: 15 cells −∞", timeout=TIMEOUT_MS)
+        pictures.append(_image(stepper, pictures[-1]))
+        stepper.locator("select").select_option("padding")
+        expect(summary).to_contain_text("mask padding: 12 cells −∞", timeout=TIMEOUT_MS)
+        expect(summary).to_contain_text("most weight on <pad>: 0.00", timeout=TIMEOUT_MS)
+        pictures.append(_image(stepper, pictures[-1]))
+        shot = tmp_path / "stepper_padding.png"
+        stepper.screenshot(path=shot)
+        print(f"\nscreenshot of the stepper (√d_k off, τ=2, padding): {shot}")
 
-        # 2. An h that does not divide d_model: no heads, the package's message instead.
-        h_bad = min((h for h in range(1, 17) if d_model % h), key=lambda h: (abs(h - h1), h))
-        _press_to(h_handle, h_bad)
-        expect(output).to_contain_text(
-            re.compile(rf"h={h_bad}\b.*heads drawn: 0.*not divisible by h={h_bad}"),
-            timeout=TIMEOUT_MS,
-        )
-        figures.append(_figure(output))
-
-        # 3. "hold d_model fixed" off; type d_k into its readout: now this h works, with
-        #    4 * d_model * h * d_k parameters.
-        hold.uncheck()
-        expect(d_k_readout).to_have_attribute("contenteditable", "true", timeout=TIMEOUT_MS)
-        d_k2 = 20 if d_model // h1 != 20 else 24
-        d_k_readout.click()
-        d_k_readout.press("Control+a")
-        d_k_readout.press_sequentially(str(d_k2))
-        d_k_readout.press("Enter")
-        expect(output).to_contain_text(_line_for(h_bad, d_k2), timeout=TIMEOUT_MS)
-        after_d_k = _summary(output)
-        assert after_d_k["heads"] == h_bad
-        assert after_d_k["params"] == mha_course.param_count(d_model, h_bad, d_k2)
-        assert after_d_k["params"] != after_h["params"]
-        figures.append(_figure(output))
-
-        # 4. With d_k free, each head adds 4 * d_model * d_k parameters and one heatmap.
-        h2 = h_bad + 1 if h_bad < 16 else h_bad - 1
-        _press_to(h_handle, h2)
-        expect(output).to_contain_text(_line_for(h2, d_k2), timeout=TIMEOUT_MS)
-        after_h2 = _summary(output)
-        assert after_h2["heads"] == h2
-        assert after_h2["params"] == mha_course.param_count(d_model, h2, d_k2)
-        assert after_h2["params"] - after_d_k["params"] == 4 * d_model * d_k2 * (h2 - h_bad)
-        figures.append(_figure(output))
-        shot = tmp_path / f"explorer_h{h2}_d_k{d_k2}.png"
-        explorer.screenshot(path=shot)
-        print(f"screenshot of the explorer at h={h2}, d_k={d_k2}: {shot}")
-
-        # Every change drew a new picture.
-        assert all(a != b for a, b in pairwise(figures)), "a figure was not redrawn"
+        assert all(a != b for a, b in pairwise(pictures)), "a picture was not redrawn"
+        _assert_no_blocked(run, since)
     finally:
         run_lesson.release(lesson)
