@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import linecache
 import re
+from pathlib import Path
 
+import nbformat
 import numpy as np
 import pytest
 from test_checks_lesson05 import CORRECT_05
 from test_checks_lesson06 import CORRECT_06
 from test_checks_lesson07 import CORRECT_07
 from test_checks_lesson08 import CORRECT_08
+from test_checks_lesson09 import CORRECT_09
 
 import mha_course
 from mha_course import checks
@@ -55,12 +58,58 @@ def _scores(q, k):
     return q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
 
 
-def _masked_softmax(x, mask, fill=-np.inf):  # Exercise 02.4 forbids mha_course.softmax
-    scores = np.where(mask, x, fill)
-    m = scores.max(axis=-1, keepdims=True)
-    e = np.exp(scores - np.where(np.isfinite(m), m, 0.0))
-    total = e.sum(axis=-1, keepdims=True)
-    return e / np.where(total == 0, 1.0, total)
+def _matmul_shape(a_shape, b_shape):  # Exercise 01.6 forbids NumPy: the rules in plain Python
+    *batch_a, m, n = a_shape
+    *batch_b, n_b, p = b_shape
+    if n != n_b:
+        raise ValueError(f"inner sizes {n} and {n_b} differ")
+    rank = max(len(batch_a), len(batch_b))
+    batch_a = [1] * (rank - len(batch_a)) + batch_a
+    batch_b = [1] * (rank - len(batch_b)) + batch_b
+    batch = []
+    for size_a, size_b in zip(batch_a, batch_b, strict=True):
+        if size_a != size_b and 1 not in (size_a, size_b):
+            raise ValueError(f"batch sizes {size_a} and {size_b} differ")
+        batch.append(max(size_a, size_b))
+    return (*batch, m, p)
+
+
+def _cross_entropy(logits, targets):  # 02.4 allows mha_course.log_softmax
+    C = logits.shape[-1]
+    logp = mha_course.log_softmax(logits).reshape(-1, C)
+    t = np.asarray(targets).reshape(-1)
+    real = t != -100
+    return float(-logp[np.arange(len(t))[real], t[real]].mean())
+
+
+def _cross_entropy_by_hand(logits, targets):  # the same with NumPy only, through take_along_axis
+    m = logits.max(axis=-1, keepdims=True)
+    logp = logits - (m + np.log(np.exp(logits - m).sum(axis=-1, keepdims=True)))  # (..., C)
+    real = targets != -100
+    picked = np.take_along_axis(logp, np.where(real, targets, 0)[..., None], axis=-1)[..., 0]
+    return -picked[real].sum() / real.sum()
+
+
+def _causal_self_attention(x, W_q, W_k, W_v, lengths, *, scale_by_d_model=False,
+                           pad_queries=False, after=False):
+    """Exercise 03.5 fixed (03.5 forbids the package's attention and masks), with a switch for
+    each of the colleague's bugs."""
+    T = x.shape[-2]
+    q, k, v = x @ W_q, x @ W_k, x @ W_v
+    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(x.shape[-1] if scale_by_d_model
+                                                  else q.shape[-1])
+    real = np.arange(T)[None, :] < np.asarray(lengths)[:, None]  # (B, T)
+    mask = np.tril(np.ones((T, T), dtype=bool)) & (real[:, :, None] if pad_queries
+                                                   else real[:, None, :])
+    if after:
+        weights = mha_course.softmax(scores) * mask
+    else:
+        weights = mha_course.softmax(scores, mask=mask)
+    return weights @ v, weights
+
+
+def _choose_scale(q, k):
+    return 1 / (q * k).sum(axis=-1).std()
 
 
 def _cross_attention(layer, x, context):  # Exercise 04.6 forbids calling the layer
@@ -76,12 +125,6 @@ def _mha_forward(x, W_q, W_k, W_v, W_o, mask=None):  # 04.5 forbids the layer: t
              for i in range(len(W_q))]
     out = np.concatenate([o for o, _ in heads], axis=-1) @ W_o
     return out, np.stack([w for _, w in heads], axis=1)
-
-
-def _masked_self_attention(q, k, v, lengths):
-    T = q.shape[-2]
-    mask = mha_course.causal_mask(T) & mha_course.padding_mask(lengths, T)
-    return mha_course.scaled_dot_product_attention(q, k, v, mask=mask)
 
 
 def _param_count(d_model, h, d_k, d_v, bias):  # 04.4 forbids mha_course.param_count
@@ -141,15 +184,17 @@ CORRECT = {
     "01.3": ("check_batched_scores", lambda Q, K: np.einsum("bhtd,bhsd->bhts", Q, K)),
     "01.4": ("check_flops_chain", _flops_chain),
     "01.5": ("check_cheaper_order", _cheaper_order),
+    "01.6": ("check_matmul_shape", _matmul_shape),
     "02.1": ("check_softmax", _softmax),
     "02.2": ("check_softmax_temperature", lambda x, tau: mha_course.softmax(x / tau)),
     "02.3": ("check_log_softmax", _log_softmax),
-    "02.4": ("check_masked_softmax", _masked_softmax),
+    "02.4": ("check_cross_entropy", _cross_entropy),
     "03.1": ("check_attention_scores", _scores),
     "03.2": ("check_attention", _attention),
     "03.3": ("check_causal_mask", _causal_mask),
     "03.4": ("check_padding_mask", _padding_mask),
-    "03.5": ("check_masked_self_attention", _masked_self_attention),
+    "03.5": ("check_causal_self_attention", _causal_self_attention),
+    "03.6": ("check_choose_scale", _choose_scale),
     "04.1": ("check_split_heads", _split_heads),
     "04.2": ("check_merge_heads", _merge_heads),
     "04.3": ("check_fuse_heads", lambda W: np.concatenate(list(W), axis=1)),
@@ -160,6 +205,7 @@ CORRECT = {
     **CORRECT_06,  # and lesson 06's (tests/test_checks_lesson06.py)
     **CORRECT_07,  # and lesson 07's (tests/test_checks_lesson07.py)
     **CORRECT_08,  # and lesson 08's (tests/test_checks_lesson08.py)
+    **CORRECT_09,  # and lesson 09's, read from its solution notebook (test_checks_lesson09.py)
 }
 
 
@@ -272,12 +318,6 @@ def _cross_attention_kv_from_x(layer, x, context):
     return _cross_attention(layer, x, x)
 
 
-def _masked_softmax_nan(x, mask):
-    s = np.where(mask, x, -np.inf)
-    e = np.exp(s - s.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
-
-
 def _log_of_softmax(x):
     return np.log(mha_course.softmax(x))
 
@@ -311,6 +351,127 @@ def _matmul_unchecked(a, b):
     return out
 
 
+def _self_attention_or(x, W_q, W_k, W_v, lengths):
+    T = x.shape[-2]
+    real = np.arange(T)[None, :] < np.asarray(lengths)[:, None]
+    mask = np.tril(np.ones((T, T), dtype=bool)) | real[:, None, :]
+    scores = (x @ W_q) @ np.swapaxes(x @ W_k, -1, -2) / np.sqrt(W_q.shape[-1])
+    weights = mha_course.softmax(scores, mask=mask)
+    return weights @ (x @ W_v), weights
+
+
+def _self_attention_nan_rows(x, W_q, W_k, W_v, lengths):  # queries hidden, -inf, no guard
+    T = x.shape[-2]
+    real = np.arange(T)[None, :] < np.asarray(lengths)[:, None]
+    mask = np.tril(np.ones((T, T), dtype=bool)) & real[:, :, None]
+    scores = (x @ W_q) @ np.swapaxes(x @ W_k, -1, -2) / np.sqrt(W_q.shape[-1])
+    weights = mha_course.softmax(np.where(mask, scores, -np.inf))
+    return weights @ (x @ W_v), weights
+
+
+def _flat_log_probs(logits, targets):
+    C = logits.shape[-1]
+    return mha_course.log_softmax(logits).reshape(-1, C), np.asarray(targets).reshape(-1)
+
+
+def _cross_entropy_pairing(logits, targets):  # probs[:, targets], with the padding left out
+    logp, t = _flat_log_probs(logits, targets)
+    real = t != -100
+    return float(-logp[real][:, t[real]].mean())
+
+
+def _cross_entropy_log_of_softmax(logits, targets):  # fixed, except -log(softmax)
+    C = logits.shape[-1]
+    p, t = mha_course.softmax(logits).reshape(-1, C), np.asarray(targets).reshape(-1)
+    real = t != -100
+    return float(-np.log(p[np.arange(len(t))[real], t[real]]).mean())
+
+
+def _cross_entropy_no_ignore(logits, targets):  # fixed, except the padding
+    logp, t = _flat_log_probs(logits, targets)
+    return float(-logp[np.arange(len(t)), t].mean())
+
+
+def _cross_entropy_wraps_padding(logits, targets):  # keeps every target NumPy can index with
+    logp, t = _flat_log_probs(logits, targets)
+    usable = (t >= -logp.shape[-1]) & (t < logp.shape[-1])
+    return float(-logp[np.arange(len(t))[usable], t[usable]].mean())
+
+
+def _cross_entropy_2d(logits, targets):  # right for (N, C) logits only
+    logp = mha_course.log_softmax(logits)
+    real = targets != -100
+    return float(-logp[np.arange(len(targets))[real], targets[real]].mean())
+
+
+def _cross_entropy_mean_over_all(logits, targets):
+    logp, t = _flat_log_probs(logits, targets)
+    real = t != -100
+    losses = np.where(real, -logp[np.arange(len(t)), np.where(real, t, 0)], 0.0)
+    return float(losses.mean())
+
+
+def _cross_entropy_per_position(logits, targets):
+    logp, t = _flat_log_probs(logits, targets)
+    real = t != -100
+    return -logp[np.arange(len(t))[real], t[real]]
+
+
+def _cross_entropy_wrong_axis(logits, targets):
+    C = logits.shape[-1]
+    logp = mha_course.log_softmax(logits, axis=-2).reshape(-1, C)
+    t = np.asarray(targets).reshape(-1)
+    real = t != -100
+    return float(-logp[np.arange(len(t))[real], t[real]].mean())
+
+
+def _shape_without_stretching(a, b):  # batch axes must be equal (missing ones allowed)
+    shape = _matmul_shape(a, b)
+    batch_a, batch_b = a[:-2], b[:-2]
+    k = min(len(batch_a), len(batch_b))
+    if k and batch_a[len(batch_a) - k:] != batch_b[len(batch_b) - k:]:
+        raise ValueError("batch axes differ")
+    return shape
+
+
+def _shape_max_batch(a, b):  # the larger batch size wins, never an error
+    batch_a, batch_b = list(a[:-2]), list(b[:-2])
+    if a[-1] != b[-2]:
+        raise ValueError("inner sizes differ")
+    rank = max(len(batch_a), len(batch_b))
+    batch_a = [1] * (rank - len(batch_a)) + batch_a
+    batch_b = [1] * (rank - len(batch_b)) + batch_b
+    return (*[max(x, y) for x, y in zip(batch_a, batch_b, strict=True)], a[-2], b[-1])
+
+
+def _shape_inner_stretch(a, b):  # a 1 may stretch in the inner sizes too
+    if a[-1] != b[-2] and 1 not in (a[-1], b[-2]):
+        raise ValueError("inner sizes differ")
+    return _matmul_shape(a[:-1] + (b[-2],), b)
+
+
+def _cross_attention_reshape_t(layer, x, context):  # 04.6 half fixed: K, V split with x's T
+    B, T, _ = x.shape
+    q, k, v = x @ layer.W_q, context @ layer.W_k, context @ layer.W_v
+    q, k, v = (a.reshape(B, T, layer.h, -1).transpose(0, 2, 1, 3) for a in (q, k, v))
+    weights = mha_course.softmax(q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1]))
+    return mha_course.merge_heads(weights @ v) @ layer.W_o, weights
+
+
+def _cross_attention_bugs(layer, x, context, reshape=False, scale=False):
+    h = layer.h
+
+    def heads(a, W):
+        y = a @ W
+        return y.reshape(y.shape[0], h, y.shape[1], -1) if reshape else \
+            mha_course.split_heads(y, h)
+
+    q, k, v = heads(x, layer.W_q), heads(context, layer.W_k), heads(context, layer.W_v)
+    d = layer.W_q.shape[1] if scale else q.shape[-1]
+    weights = mha_course.softmax(q @ np.swapaxes(k, -1, -2) / np.sqrt(d))
+    return mha_course.merge_heads(weights @ v) @ layer.W_o, weights
+
+
 MISTAKES = [
     # The six the course must diagnose, in every check where they can happen.
     ("scores-unscaled", "check_attention_scores", lambda q, k: q @ np.swapaxes(k, -1, -2),
@@ -326,8 +487,9 @@ MISTAKES = [
     ("attention-mask-after-softmax", "check_attention",
      lambda q, k, v, mask=None: _attention(q, k, v, mask, after=True),
      r"mask applied after the softmax"),
-    ("masked-softmax-mask-after", "check_masked_softmax",
-     lambda x, mask: _masked_softmax(x, True) * mask, r"mask was applied after the softmax"),
+    ("self-attention-mask-after-softmax", "check_causal_self_attention",
+     lambda *args: _causal_self_attention(*args, after=True),
+     r"^Exercise 03\.5: .*Likely mistake: the mask is applied after the softmax"),
     ("split-reshape-without-transpose", "check_split_heads", _split_no_transpose,
      r"reshape without the transpose"),
     ("merge-reshape-without-transpose", "check_merge_heads", _merge_no_transpose,
@@ -358,12 +520,6 @@ MISTAKES = [
     ("temperature-multiplied", "check_softmax_temperature",
      lambda x, tau: mha_course.softmax(x * tau), r"multiplied the scores by the temperature"),
     ("log-of-softmax", "check_log_softmax", _log_of_softmax, r"you computed log\(softmax\(x\)\)"),
-    ("masked-softmax-nan-row", "check_masked_softmax", _masked_softmax_nan,
-     r"fully masked: their max is -inf"),
-    ("masked-softmax-minus-1e9", "check_masked_softmax",
-     lambda x, mask: _masked_softmax(x, mask, fill=-1e9), r"uniform.*-1e9"),
-    ("masked-softmax-inverted", "check_masked_softmax",
-     lambda x, mask: _masked_softmax(x, ~mask), r"mask is inverted"),
     ("scores-divided-by-d_k", "check_attention_scores",
      lambda q, k: q @ np.swapaxes(k, -1, -2) / q.shape[-1], r"divided by d_k instead of √d_k"),
     ("attention-returns-weights-first", "check_attention",
@@ -379,13 +535,98 @@ MISTAKES = [
     ("padding-missing-axis", "check_padding_mask",
      lambda lengths, S: np.arange(S) < np.asarray(lengths)[:, None],
      r"shape \(4, 5\); expected \(B, 1, S\).*add a middle axis"),
-    ("self-attention-causal-only", "check_masked_self_attention",
-     lambda q, k, v, lengths: mha_course.scaled_dot_product_attention(
-         q, k, v, mha_course.causal_mask(q.shape[-2])), r"only the causal mask"),
-    ("self-attention-or", "check_masked_self_attention",
-     lambda q, k, v, lengths: mha_course.scaled_dot_product_attention(
-         q, k, v, mha_course.causal_mask(q.shape[-2])
-         | mha_course.padding_mask(lengths, q.shape[-2])), r"\| \(or\)"),
+    ("self-attention-causal-only", "check_causal_self_attention",
+     lambda x, W_q, W_k, W_v, lengths: _causal_self_attention(x, W_q, W_k, W_v,
+                                                              [x.shape[-2]] * len(x)),
+     r"only the causal mask"),
+    ("self-attention-or", "check_causal_self_attention", _self_attention_or, r"\| \(or\)"),
+    # Exercise 03.5's colleague: each bug alone, two together, all three.
+    ("self-attention-scaled-by-d_model", "check_causal_self_attention",
+     lambda *args: _causal_self_attention(*args, scale_by_d_model=True),
+     r"Likely mistake: the scores are divided by √d_model"),
+    ("self-attention-pads-queries", "check_causal_self_attention",
+     lambda *args: _causal_self_attention(*args, pad_queries=True),
+     r"Likely mistake: the padding mask hides padded QUERIES"),
+    ("self-attention-two-bugs", "check_causal_self_attention",
+     lambda *args: _causal_self_attention(*args, scale_by_d_model=True, after=True),
+     r"Likely mistake: 2 of the colleague's bugs: the scores are divided by √d_model.*; and "
+     r"the mask is applied after the softmax"),
+    ("self-attention-the-colleagues-code", "check_causal_self_attention",
+     lambda *args: _causal_self_attention(*args, scale_by_d_model=True, pad_queries=True,
+                                          after=True),
+     r"Likely mistake: 3 of the colleague's bugs"),
+    ("self-attention-pads-queries-with-minus-inf", "check_causal_self_attention",
+     _self_attention_nan_rows, r"nan at index \(0, 3, 0\)\. Likely mistake: a query row with "
+                               r"no allowed key gives NaN: the padding mask hides padded QUERIES"),
+    # Exercise 02.4's colleague and the other ways to get the loss wrong.
+    ("cross-entropy-pairs-every-row-with-every-target", "check_cross_entropy",
+     _cross_entropy_pairing, r"on logits \(6, 5\) .*probs\[:, targets\] pairs every position "
+                             r"with every target"),
+    ("cross-entropy-log-of-softmax", "check_cross_entropy", _cross_entropy_log_of_softmax,
+     r"confidently wrong .* is inf, the reference 227\.0300\. Likely mistake: "
+     r"-np\.log\(softmax\(\.\.\.\)\) is inf"),
+    ("cross-entropy-padding-as-a-class", "check_cross_entropy", _cross_entropy_no_ignore,
+     r"(?s)raised IndexError: index -100 is out of bounds.*Likely mistake: targets of -100 "
+     r"mark padding"),
+    ("cross-entropy-padding-as-class-20", "check_cross_entropy", _cross_entropy_wraps_padding,
+     r"on logits \(5, 120\) with padding \(-100\) .*Likely mistake: targets of -100 mark "
+     r"padding: leave them out of the mean \(as an index, -100 silently picks class C-100\)"),
+    ("cross-entropy-2-d-only", "check_cross_entropy",
+     lambda logits, targets: _cross_entropy_2d(logits, targets),
+     r"(?s)raised IndexError.*Likely mistake: logits may have leading axes, \(B, T, C\)"),
+    ("cross-entropy-summed", "check_cross_entropy",
+     lambda logits, targets: _cross_entropy(logits, targets) * np.sum(targets != -100),
+     r"you summed the losses"),
+    ("cross-entropy-padding-in-the-mean", "check_cross_entropy", _cross_entropy_mean_over_all,
+     r"you divided by every position, padding included"),
+    ("cross-entropy-per-position", "check_cross_entropy", _cross_entropy_per_position,
+     r"you returned an array of shape \(6,\); expected one float, the mean loss \(one loss "
+     r"per position"),
+    ("cross-entropy-wrong-axis", "check_cross_entropy",
+     _cross_entropy_wrong_axis,
+     r"softmax over the wrong axis: normalise over the classes"),
+    # Exercise 03.6: the measured scale, and the ways to measure the wrong thing.
+    ("scale-from-theory", "check_choose_scale", lambda q, k: 1 / np.sqrt(q.shape[-1]),
+     r"you returned 1/√d_k: the right scale only when"),
+    ("scale-one-over-variance", "check_choose_scale",
+     lambda q, k: 1 / (q * k).sum(axis=-1).var(), r"you divided by the variance"),
+    ("scale-is-the-std", "check_choose_scale", lambda q, k: (q * k).sum(axis=-1).std(),
+     r"you returned the standard deviation itself"),
+    ("scale-from-the-mean-square", "check_choose_scale",
+     lambda q, k: 1 / np.sqrt(((q * k).sum(axis=-1) ** 2).mean()),
+     r"entries with mean 1 .*you used the mean square of the dot products"),
+    ("scale-of-single-products", "check_choose_scale", lambda q, k: 1 / (q * k).std(),
+     r"you measured single products q_j·k_j"),
+    ("scale-of-all-pairs", "check_choose_scale", lambda q, k: 1 / (q @ k.T).std(),
+     r"you paired every query with every key"),
+    # Exercise 01.6: the broadcasting rules, one wrong rule at a time.
+    ("shape-size-1-does-not-stretch", "check_matmul_shape", _shape_without_stretching,
+     r"for a \(2, 1, 4, 5\) @ b \(3, 5, 6\) you raised ValueError .* NumPy computes it: "
+     r"shape \(2, 3, 4, 6\)"),
+    ("shape-batch-from-a-only", "check_matmul_shape",
+     lambda a, b: _matmul_shape(a[-2:], b[-2:]) and (*a[:-2], a[-2], b[-1]),
+     r"you kept only a's leading axes"),
+    ("shape-larger-batch-size-wins", "check_matmul_shape", _shape_max_batch,
+     r"for a \(2, 4, 5\) @ b \(3, 5, 6\) you returned \(3, 4, 6\), but NumPy refuses this "
+     r"product \(ValueError\)\. Likely mistake: the batch sizes 2 and 3 differ"),
+    ("shape-inner-1-stretches", "check_matmul_shape", _shape_inner_stretch,
+     r"a 1 stretches only in the batch axes, never in the two matrix axes"),
+    ("shape-inner-sizes-unchecked", "check_matmul_shape",
+     lambda a, b: _matmul_shape(a[:-1] + (b[-2],), b),
+     r"the inner sizes 5 \(a's last axis\) and 4 \(b's second-to-last\) differ"),
+    # Exercise 04.6's colleague: reshape without transpose and the scale, with context used.
+    ("cross-attention-split-by-reshape", "check_cross_attention",
+     lambda layer, x, context: _cross_attention_bugs(layer, x, context, reshape=True),
+     r"Likely mistake: the heads are split by reshape alone"),
+    ("cross-attention-scaled-by-h-d_k", "check_cross_attention",
+     lambda layer, x, context: _cross_attention_bugs(layer, x, context, scale=True),
+     r"Likely mistake: the scores are divided by √\(h·d_k\)"),
+    ("cross-attention-keys-split-with-T", "check_cross_attention", _cross_attention_reshape_t,
+     r"(?s)raised ValueError: cannot reshape.*Likely mistake: keys and values have S = "
+     r"context\.shape\[-2\] positions, not T"),
+    ("cross-attention-the-colleagues-code", "check_cross_attention",
+     lambda layer, x, context: _cross_attention_bugs(layer, x, x, reshape=True, scale=True),
+     r"keys and values must come from context"),
     ("fuse-stacked-rows", "check_fuse_heads", lambda W: np.concatenate(list(W), axis=0),
      r"stacked the heads' rows"),
     ("param-count-without-w_o", "check_param_count", _param_count_no_w_o,
@@ -480,11 +721,11 @@ def test_check_does_not_leak_numpy_warnings_from_a_wrong_answer(recwarn):
 
 
 def test_a_stub_of_another_exercise_keeps_its_own_number():
-    def calls_an_unfinished_helper(q, k, v, lengths):
+    def calls_an_unfinished_helper(x, W_q, W_k, W_v, lengths):
         raise NotImplementedError("Exercise 03.2: write attention")
 
     with pytest.raises(NotImplementedError, match=r"^Exercise 03.2: write attention$"):
-        checks.check_masked_self_attention(calls_an_unfinished_helper)
+        checks.check_causal_self_attention(calls_an_unfinished_helper)
 
 
 # ------------------------------------------------ property checks when no known mistake matches
@@ -501,8 +742,12 @@ def _leaky_causal_mask(T):
     return mask
 
 
-def _leaky_masked_softmax(x, mask):
-    return np.where(mask, _masked_softmax(x, mask), 0.01)
+def _leaky_self_attention(x, W_q, W_k, W_v, lengths):  # 0.01 on every masked key
+    T = x.shape[-2]
+    mask = _causal_mask(T) & _padding_mask(lengths, T)
+    _, weights = _causal_self_attention(x, W_q, W_k, W_v, lengths)
+    weights = np.where(mask, weights, 0.01)
+    return weights @ (x @ W_v), weights
 
 
 PROPERTIES = [
@@ -511,8 +756,9 @@ PROPERTIES = [
      r"normalise over the right axis"),
     ("causal-upper-triangle-not-zero", "check_causal_mask", _leaky_causal_mask,
      r"True at \(query 0, key 3\): query 0 would see the future key 3"),
-    ("masked-entries-not-zero", "check_masked_softmax", _leaky_masked_softmax,
-     r"0\.0100 at \(0, 0, 1\), where the mask is False"),
+    ("masked-entries-not-zero", "check_causal_self_attention", _leaky_self_attention,
+     r"your weights for x \(2, 5, 8\), d_k=4, lengths \[3, 5\]: 0\.0100 at \(0, 0, 1\), "
+     r"where the mask is False"),
     ("matmul-ragged-result", "check_matmul_loops", lambda a, b: [[1, 2], [3]],
      r"not a rectangular list of lists"),
 ]
@@ -594,9 +840,12 @@ HARD_CODED = [
     ("log-softmax-axis-2", "check_log_softmax",
      lambda x: _log_softmax(np.swapaxes(x, -1, 2)).swapaxes(-1, 2) if x.ndim > 2 else
      _log_softmax(x), r"on scores of shape \(2, 2, 3, 4\)"),
-    ("masked-softmax-five-keys", "check_masked_softmax",
-     lambda x, mask: _masked_softmax(x[..., :5], mask[..., :5]),
-     r"shape \(4, 5\); expected x\.shape = \(4, 6\)"),
+    ("matmul-shape-always-4-axes", "check_matmul_shape", lambda a, b: (2, 3, 4, 6),
+     r"for a \(7, 4, 5\) @ b \(5, 6\) you returned \(2, 3, 4, 6\); NumPy gives \(7, 4, 6\)"),
+    ("cross-entropy-five-classes", "check_cross_entropy",
+     lambda logits, targets: _cross_entropy(logits[..., :5], np.where(targets < 5, targets,
+                                                                       -100)),
+     r"on logits \(2, 4, 7\) with padding \(-100\) is \d"),
     ("scores-divide-by-2", "check_attention_scores",
      lambda q, k: q @ np.swapaxes(k, -1, -2) / 2.0, r"for q \(3, 9\), k \(5, 9\)"),
     ("scores-3d-transpose", "check_attention_scores",
@@ -606,11 +855,12 @@ HARD_CODED = [
      r"your weights for q \(2, 2, 3, 9\) and a \(3, 5\) mask: at index"),
     ("attention-3d-transpose", "check_attention", _attention_3d_transpose,
      r"transpose written for one rank"),
-    ("self-attention-d_k-4", "check_masked_self_attention",
-     lambda q, k, v, lengths: _attention(
-         q * np.sqrt(q.shape[-1]) / 2.0, k, v,
-         _causal_mask(q.shape[-2]) & _padding_mask(lengths, q.shape[-2])),
-     r"for lengths \[6, 1, 4\], T=S=6"),
+    ("self-attention-d_k-4", "check_causal_self_attention",
+     lambda x, W_q, W_k, W_v, lengths: _causal_self_attention(
+         x, W_q * np.sqrt(W_q.shape[-1]) / 2.0, W_k, W_v, lengths),
+     r"for x \(3, 6, 10\), d_k=6, lengths \[6, 2, 4\]"),
+    ("choose-scale-a-quarter", "check_choose_scale", lambda q, k: 0.25,
+     r"for unit-variance entries, d_k=16 you chose c = 0\.2500"),
     ("fuse-heads-fixed-size", "check_fuse_heads", lambda W: W.transpose(1, 0, 2).reshape(10, 18),
      r"raised ValueError: cannot reshape"),
     ("mha-sqrt-6", "check_mha_forward", _mha_sqrt6,
@@ -666,3 +916,115 @@ def test_a_failed_check_in_a_notebook_shows_the_learners_frames_and_the_message(
     assert "<learner cell 7>, line 2, in attention" in text and "scores = q @ k.T" in text
     assert lines[-1].startswith("\x1b[0;31mCheckFailed\x1b[0m: Exercise 03.2: your function raised")
     assert "harness.py" not in text and "lesson03.py" not in text
+
+
+# ------------------------------------------- the exercise notebooks of lessons 01 to 04 (issue 11)
+
+ROOT = Path(__file__).resolve().parent.parent
+SOLUTIONS_01_04 = sorted((ROOT / "solutions").glob("0[1-4]_*.ipynb"))
+
+
+def _cells(path):
+    return nbformat.read(path, as_version=4).cells
+
+
+def _tasks(path):
+    return {c.metadata["mha_course"]["exercise"]: c.source for c in _cells(path)
+            if c.metadata.get("mha_course", {}).get("role") == "task"}
+
+
+TASKS_01_04 = {x: src for path in SOLUTIONS_01_04 for x, src in _tasks(path).items()}
+
+
+@pytest.mark.parametrize("exercise", sorted(TASKS_01_04))
+def test_every_hint_unfolds_in_three_stages_a_question_the_shapes_then_code(exercise):
+    summaries = re.findall(r"<details><summary>(.*?)</summary>(.*?)</details>",
+                           TASKS_01_04[exercise], flags=re.S)
+    assert [title for title, _ in summaries] == [
+        "Hint 1: a question", "Hint 2: the shapes", "Hint 3: code"], exercise
+    question, shapes, _ = (body for _, body in summaries)
+    assert "?" in question, f"{exercise}: the first hint asks a question"
+    assert re.search(r"\([^()]*,[^()]*\)", shapes), f"{exercise}: the second hint gives shapes"
+
+
+def _solution_lines(path, exercise):
+    """The code lines between BEGIN and END SOLUTION of an exercise, without comments."""
+    for cell in _cells(path):
+        meta = cell.metadata.get("mha_course", {})
+        if meta.get("exercise") == exercise and meta.get("role") == "solution":
+            body = cell.source.split("### BEGIN SOLUTION")[1].split("### END SOLUTION")[0]
+            return [line.split("#")[0].strip() for line in body.splitlines()
+                    if line.split("#")[0].strip()]
+    raise AssertionError(f"no solution cell for {exercise}")
+
+
+#: Issue 11: these hints gave the exact code of the answer; now they give the idea, not the lines.
+NO_ANSWER_IN_THE_HINT = {"01.2": "01_matmul", "01.3": "01_matmul",
+                         "03.3": "03_single_head_attention", "03.4": "03_single_head_attention",
+                         "04.1": "04_multi_head_attention", "04.3": "04_multi_head_attention"}
+
+
+@pytest.mark.parametrize("exercise", sorted(NO_ANSWER_IN_THE_HINT))
+def test_the_hint_does_not_give_the_answers_code(exercise):
+    path = ROOT / "solutions" / f"{NO_ANSWER_IN_THE_HINT[exercise]}.ipynb"
+    stub = next(c.metadata["mha_course"]["task"] for c in _cells(path)
+                if c.metadata.get("mha_course", {}).get("exercise") == exercise
+                and c.metadata["mha_course"]["role"] == "solution")  # the stub's one line
+    task = re.sub(r"\s+", "", TASKS_01_04[exercise] + stub)
+    answer = {
+        "01.2": ["np.argmax(queries@keys.T,axis=1)", "queries@keys.T", "keys.T"],
+        "01.3": ["np.swapaxes(K,-1,-2)", "bhtd,bhsd->bhts"],
+        "03.3": ["s<=t", "np.arange(T)[None,:]<=np.arange(T)[:,None]", "np.tril(np.ones"],
+        "03.4": ["np.arange(S)[None,:]<np.asarray(lengths)[:,None]"],
+        "04.1": ["reshape(B,T,h,", "transpose(0,2,1,3)", "reshapedto(B,T,h,d)"],
+        "04.3": ["W.transpose(1,0,2)", "np.concatenate(list(W),axis=1)", "axis=1)"],
+    }[exercise]
+    answer += [re.sub(r"\s+", "", line) for line in _solution_lines(path, exercise)
+               if not line.startswith(("return", "def ")) or len(line) > 12]
+    leaked = [a for a in answer if a and a in task]
+    assert not leaked, f"{exercise}: the task cell shows {leaked}"
+
+
+@pytest.mark.parametrize("path", SOLUTIONS_01_04, ids=[p.stem for p in SOLUTIONS_01_04])
+def test_each_exercise_notebook_ends_with_its_lesson_and_the_next_lessons_exercises(path):
+    last = _cells(path)[-1]
+    assert last.cell_type == "markdown", path.name
+    links = re.findall(r"\]\(\.\./([^)]+)\)", last.source)
+    n = int(path.name[:2])
+    assert f"notebooks/{path.name}" in links, links
+    after = [link for link in links if link.startswith(f"exercises/{n + 1:02d}_")]
+    assert after, links
+    for link in links:
+        assert (ROOT / link).exists(), link
+
+
+#: The three find-the-bug exercises: the colleague's code, the name of their function, the
+#: check, and the words of the failure the colleague's code must get.
+COLLEAGUES = [
+    ("02_softmax", "cross_entropy_buggy", "check_cross_entropy",
+     r"probs\[:, targets\] pairs every position with every target"),
+    ("03_single_head_attention", "causal_self_attention_buggy", "check_causal_self_attention",
+     r"3 of the colleague's bugs: the scores are divided by √d_model .*padded QUERIES.*after "
+     r"the softmax"),
+    ("04_multi_head_attention", "cross_attention_buggy", "check_cross_attention",
+     r"keys and values must come from context"),
+]
+
+
+@pytest.mark.parametrize(("name", "function", "check", "pattern"), COLLEAGUES,
+                         ids=[c[0] for c in COLLEAGUES])
+def test_the_colleagues_code_passes_its_own_test_and_fails_the_check(name, function, check,
+                                                                      pattern, capsys):
+    """The buggy cell runs the colleague's test (its saved output says it passes); the check
+    then fails the same function and names the bugs."""
+    cells = _cells(ROOT / "solutions" / f"{name}.ipynb")
+    namespace = {"__name__": "__main__"}
+    exec(compile(cells[1].source, f"<{name} setup>", "exec"), namespace)
+    buggy = next(c for c in cells if f"def {function}(" in c.source)
+    assert buggy.metadata["mha_course"]["role"] == "text"
+    exec(compile(buggy.source, f"<{name} buggy>", "exec"), namespace)
+    printed = capsys.readouterr().out
+    assert printed.startswith("the colleague's test passes"), printed
+    assert "".join(o.get("text", "") for o in buggy.outputs) == printed
+    with pytest.raises(CheckFailed, match=pattern):
+        getattr(checks, check)(namespace[function])

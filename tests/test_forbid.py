@@ -1,8 +1,9 @@
 """"Write it yourself": a check fails an answer that calls what its exercise forbids, and says so.
 
-Exercises 01.1 (matmul with loops: no NumPy), 02.4 (masked softmax: no library softmax) and
-04.6 (cross-attention: not by calling the layer) declare what they forbid; the harness finds a
-use in the function's source (aliases and helpers included) or while it runs (a profiler).
+Exercises 01.1 (matmul with loops: no NumPy), 02.1 (softmax: no library softmax) and 04.6
+(cross-attention: not by calling the layer), among others, declare what they forbid; the harness
+finds a use in the function's source (aliases and helpers included) or while it runs (a
+profiler).
 """
 
 from __future__ import annotations
@@ -25,12 +26,17 @@ from mha_course.checks.harness import call
 
 ROOT = Path(__file__).resolve().parent.parent
 LOOPS = "Exercise 01.1 asks you to multiply with three Python loops, without NumPy; your answer "
-MASKING = "Exercise 02.4 asks you to write the masking yourself; your answer calls "
+SOFTMAX = "Exercise 02.1 asks you to write the softmax yourself, with NumPy; your answer calls "
 LAYER = ("Exercise 04.6 asks you to compute cross-attention from the layer's weights, not by "
          "calling the layer; your answer calls mha_course.MultiHeadAttention.forward")
 
 
-# ------------------------------------------------------------------------------- 02.4 answers
+# ------------------------------------------------------------------------------- 02.1 answers
+
+
+def softmax_by_hand(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
 
 
 def masked_softmax_by_hand(x, mask):
@@ -41,40 +47,39 @@ def masked_softmax_by_hand(x, mask):
     return e / np.where(total == 0, 1.0, total)
 
 
-def calls_the_package(x, mask):
-    return mha_course.softmax(x, mask=mask)
+def calls_the_package(x):
+    return mha_course.softmax(x)
 
 
-def calls_an_alias(x, mask):
-    return sm(x, mask=mask)
+def calls_an_alias(x):
+    return sm(x)
 
 
 def stable(x):
     return sm(x)
 
 
-def calls_it_in_a_helper(x, mask):
-    out = stable(np.where(mask, x, -np.inf))
-    return np.where(mask.any(axis=-1, keepdims=True), out, 0.0)
+def calls_it_in_a_helper(x):
+    return stable(x - 0.0)
 
 
-def imports_it_inside(x, mask):
+def imports_it_inside(x):
     from mha_course import softmax as s2
 
-    return s2(x, mask=mask)
+    return s2(x)
 
 
-def finds_it_by_name(x, mask):  # nothing in the source names it: the profiler sees the call
-    return getattr(mha_course, "soft" + "max")(x, mask=mask)
+def finds_it_by_name(x):  # nothing in the source names it: the profiler sees the call
+    return getattr(mha_course, "soft" + "max")(x)
 
 
-def calls_it_in_a_branch_not_taken(x, mask):
+def calls_it_in_a_branch_not_taken(x):
     if x.ndim > 10:
-        return mha_course.softmax(x, mask=mask)
-    return masked_softmax_by_hand(x, mask)
+        return mha_course.softmax(x)
+    return softmax_by_hand(x)
 
 
-MASKED_SOFTMAX = [
+LIBRARY_SOFTMAX = [
     (calls_the_package, "mha_course.softmax"),
     (calls_an_alias, "sm (mha_course.softmax)"),
     (calls_it_in_a_helper, "sm (mha_course.softmax) in your function `stable`"),
@@ -84,23 +89,23 @@ MASKED_SOFTMAX = [
 ]
 
 
-@pytest.mark.parametrize(("answer", "called"), MASKED_SOFTMAX,
-                         ids=[a.__name__ for a, _ in MASKED_SOFTMAX])
-def test_masked_softmax_may_not_call_a_library_softmax(answer, called, capsys):
+@pytest.mark.parametrize(("answer", "called"), LIBRARY_SOFTMAX,
+                         ids=[a.__name__ for a, _ in LIBRARY_SOFTMAX])
+def test_softmax_may_not_call_a_library_softmax(answer, called, capsys):
     with pytest.raises(CheckFailed) as info:
-        checks.check_masked_softmax(answer)
-    assert str(info.value) == MASKING + called
+        checks.check_softmax(answer)
+    assert str(info.value) == SOFTMAX + called
     assert capsys.readouterr().out == ""
 
 
-def test_masked_softmax_by_hand_passes_although_the_check_calls_softmax_itself(capsys):
-    checks.check_masked_softmax(masked_softmax_by_hand)  # the reference is mha_course.softmax
-    assert capsys.readouterr().out.startswith("Exercise 02.4 passed: ")
+def test_softmax_by_hand_passes_although_the_check_calls_softmax_itself(capsys):
+    checks.check_softmax(softmax_by_hand)  # the reference is mha_course.softmax
+    assert capsys.readouterr().out.startswith("Exercise 02.1 passed: ")
 
 
 def test_the_forbid_message_comes_before_the_likely_mistake():
-    with pytest.raises(CheckFailed, match=r"asks you to write the masking yourself"):
-        checks.check_masked_softmax(lambda x, mask: mha_course.softmax(x) * mask)
+    with pytest.raises(CheckFailed, match=r"asks you to write the softmax yourself"):
+        checks.check_softmax(lambda x: mha_course.softmax(x, axis=-2))  # also the wrong axis
 
 
 # ------------------------------------------------------------------------------- 01.1 answers
@@ -286,6 +291,31 @@ def _per_head(x, W_q, W_k, W_v, W_o, mask=None):
             np.stack([w for _, w in heads], axis=1))
 
 
+def _self_attention_with_package_masks(x, W_q, W_k, W_v, lengths):  # 03.5: fix, not replace
+    T = x.shape[-2]
+    mask = mha_course.causal_mask(T) & mha_course.padding_mask(lengths, T)
+    scores = (x @ W_q) @ np.swapaxes(x @ W_k, -1, -2) / np.sqrt(W_q.shape[-1])
+    weights = mha_course.softmax(scores, mask=mask)
+    return weights @ (x @ W_v), weights
+
+
+def _self_attention_fixed(x, W_q, W_k, W_v, lengths):  # 03.5 as the task allows
+    T = x.shape[-2]
+    real = np.arange(T)[None, :] < np.asarray(lengths)[:, None]  # (B, T)
+    mask = np.tril(np.ones((T, T), dtype=bool)) & real[:, None, :]  # (B, T, T)
+    scores = (x @ W_q) @ np.swapaxes(x @ W_k, -1, -2) / np.sqrt(W_q.shape[-1])
+    weights = mha_course.softmax(scores, mask=mask)
+    return weights @ (x @ W_v), weights
+
+
+def _loss_with_log_softmax(logits, targets):  # 02.4 allows mha_course.log_softmax
+    C = logits.shape[-1]
+    logp = mha_course.log_softmax(logits).reshape(-1, C)
+    t = targets.reshape(-1)
+    real = t != -100
+    return float(-logp[np.arange(len(t))[real], t[real]].mean())
+
+
 #: (exercise's check, an answer that calls what the task asks to write, the end of the message)
 PACKAGE_CALLS = [
     ("check_softmax", lambda x: mha_course.softmax(x),
@@ -331,6 +361,22 @@ PACKAGE_CALLS = [
      mha_course.MultiHeadAttention.from_per_head(W_q, W_k, W_v, W_o)(x, mask=mask),
      "write the multi-head forward yourself (mha_course.scaled_dot_product_attention is "
      "allowed); your answer calls mha_course.MultiHeadAttention"),
+    ("check_matmul_shape", lambda a, b: xp.broadcast_shapes(a[:-2], b[:-2]) + (a[-2], b[-1]),
+     "work out the shape from the rules, without NumPy; your answer calls "
+     "xp.broadcast_shapes (numpy.broadcast_shapes)"),
+    ("check_matmul_shape", lambda a, b: np.matmul(np.empty(a), np.empty(b)).shape,
+     "work out the shape from the rules, without NumPy; your answer calls np.matmul "
+     "(numpy.matmul)"),
+    ("check_causal_self_attention", lambda x, W_q, W_k, W_v, lengths:
+     mha_course.scaled_dot_product_attention(
+         x @ W_q, x @ W_k, x @ W_v,
+         mask=np.tril(np.ones((x.shape[1],) * 2, bool)) & (
+             np.arange(x.shape[1]) < np.asarray(lengths)[:, None])[:, None, :]),
+     "fix the colleague's attention yourself (mha_course.softmax is allowed); your answer "
+     "calls mha_course.scaled_dot_product_attention"),
+    ("check_causal_self_attention", _self_attention_with_package_masks,
+     "fix the colleague's attention yourself (mha_course.softmax is allowed); your answer "
+     "calls mha_course.causal_mask"),
 ]
 
 
@@ -350,16 +396,26 @@ def test_softmax_exercises_fail_pytorchs_softmax(torch):
     def torch_softmax(x):
         return torch.softmax(torch.from_numpy(x), dim=-1).numpy()
 
-    def torch_masked(x, mask):
-        s = torch.from_numpy(np.where(mask, x, -np.inf))
+    def torch_masked(x):
+        s = torch.from_numpy(np.where(x > -1e300, x, -np.inf))
         return torch.nan_to_num(torch.nn.functional.softmax(s, dim=-1)).numpy()
+
+    def torch_loss(logits, targets):
+        C = logits.shape[-1]
+        return float(torch.nn.functional.cross_entropy(
+            torch.from_numpy(logits.reshape(-1, C)), torch.from_numpy(targets.reshape(-1)),
+            ignore_index=-100))
 
     with pytest.raises(CheckFailed, match=r"^Exercise 02\.1 asks you to write the softmax "
                                           r"yourself, with NumPy; your answer calls torch\."):
         checks.check_softmax(torch_softmax)
-    with pytest.raises(CheckFailed, match=r"^Exercise 02\.4 asks you to write the masking "
-                                          r"yourself; your answer calls torch\."):
-        checks.check_masked_softmax(torch_masked)
+    with pytest.raises(CheckFailed, match=r"^Exercise 02\.1 asks you to write the softmax "
+                                          r"yourself, with NumPy; your answer calls torch\."):
+        checks.check_softmax(torch_masked)
+    with pytest.raises(CheckFailed, match=r"^Exercise 02\.4 asks you to fix the loss with NumPy "
+                                          r"\(mha_course\.log_softmax is allowed\); your answer "
+                                          r"calls torch\."):
+        checks.check_cross_entropy(torch_loss)
 
 
 ALLOWED = [
@@ -369,10 +425,8 @@ ALLOWED = [
         lambda w: (w @ v, w))(mha_course.softmax(
             q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1]),
             mask=None if mask is None else np.broadcast_to(mask, q.shape[:-1] + k.shape[-2:-1])))),
-    ("check_masked_self_attention", lambda q, k, v, lengths:
-     mha_course.scaled_dot_product_attention(
-         q, k, v, mha_course.causal_mask(q.shape[-2])
-         & mha_course.padding_mask(lengths, q.shape[-2]))),
+    ("check_causal_self_attention", _self_attention_fixed),
+    ("check_cross_entropy", _loss_with_log_softmax),
     ("check_mha_forward", _per_head),
 ]
 
@@ -388,11 +442,12 @@ TASK_WORDS = {  # exercise -> words its task must contain, so the learner knows 
     "02.1": "check fails an answer that calls",
     "02.2": "You may use `mha_course.softmax`",
     "02.3": "check fails an answer that calls",
-    "02.4": "The check fails an answer that calls one of them",
+    "02.4": "PyTorch is not: the check fails an answer that calls it",
     "03.2": "The check fails an answer that calls",
     "03.3": "The check fails an answer that calls",
     "03.4": "The check fails an answer that calls",
-    "03.5": "Use `mha_course.causal_mask`",
+    "03.5": "the package's attention and masks are not (`scaled_dot_product_attention`, "
+            "`causal_mask`, `padding_mask`). The check fails an answer that calls one of them",
     "04.1": "The check fails an answer that calls",
     "04.2": "The check fails an answer that calls",
     "04.3": "The check fails an answer that calls",
@@ -400,6 +455,7 @@ TASK_WORDS = {  # exercise -> words its task must contain, so the learner knows 
     "04.5": "The check fails an answer that calls",
     "04.6": "not by calling `layer` itself",
     "01.1": "no NumPy",
+    "01.6": "without NumPy: the check fails an answer that calls it",
 }
 
 

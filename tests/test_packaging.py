@@ -171,6 +171,9 @@ def test_readme_map_lists_every_module_with_its_lesson_and_tests():
         doc = units[path].read_text(encoding="utf-8").split('"""')[1]
         match = re.search(r"Taught in ``notebooks/(\d\d)_\w+\.ipynb``", doc)
         assert (match.group(1) if match else "—") == lesson, f"{path}: README says {lesson}"
+        if match:
+            named = re.search(r"Taught in ``notebooks/(\d\d_\w+\.ipynb)``", doc).group(1)
+            assert (ROOT / "notebooks" / named).is_file(), f"{path}: its lesson {named} is missing"
         assert tests, f"{path}: no test file in README's map"
         for test in tests:
             assert (ROOT / "tests" / test).is_file(), f"{path}: {test} does not exist"

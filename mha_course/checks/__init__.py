@@ -1,8 +1,7 @@
 """Checks for the exercises in ``solutions/`` and ``exercises/``: they say what is wrong, in words.
 
-Used by ``exercises/NN_*.ipynb`` (the exercises for ``notebooks/01_matmul.ipynb`` to
-``notebooks/04_multi_head_attention.ipynb``). Each exercise ``NN.M`` has one public
-``check_<name>(fn)`` that
+Used by ``exercises/NN_*.ipynb`` (the exercises for ``notebooks/01_matmul.ipynb`` onwards).
+Each exercise ``NN.M`` has one public ``check_<name>(fn)`` that
 
 1. calls your function on seeded inputs whose dimensions all differ (B=2, T=3, S=5, d_k=4, d_v=6
    and the like), so a transposed axis cannot hide;
@@ -16,10 +15,11 @@ Used by ``exercises/NN_*.ipynb`` (the exercises for ``notebooks/01_matmul.ipynb`
    :class:`CheckFailed` whose message starts with ``Exercise NN.M: ``.
 
 An exercise that asks you to write something yourself names what it forbids (01.1: NumPy and
-``mha_course.naive``; 02.1 and 02.4: every library softmax; 02.3: ``log_softmax`` and
-``logsumexp``; 03.2: ``scaled_dot_product_attention``; 03.3 and 03.4: the package's masks; 04.1
-and 04.2: ``split_heads`` and ``merge_heads``; 04.3: ``MultiHeadAttention.from_per_head``; 04.4:
-``param_count``; 04.5: the layer; 04.6: calling the layer); an answer that calls one fails with
+``mha_course.naive``; 01.6: NumPy; 02.1: every library softmax; 02.3: ``log_softmax`` and
+``logsumexp``; 02.4: PyTorch; 03.2: ``scaled_dot_product_attention``; 03.3 and 03.4: the
+package's masks; 03.5: the package's attention and masks; 04.1 and 04.2: ``split_heads`` and
+``merge_heads``; 04.3: ``MultiHeadAttention.from_per_head``; 04.4: ``param_count``; 04.5: the
+layer; 04.6: calling the layer; and lessons 05 to 08 theirs); an answer that calls one fails with
 ``Exercise NN.M asks you to <task>; your answer calls <name>``. Every check probes several
 shapes (different d_k, h and rank), so an answer that hard-codes a size fails.
 
@@ -47,5 +47,6 @@ from .lesson05 import *  # noqa: F403
 from .lesson06 import *  # noqa: F403
 from .lesson07 import *  # noqa: F403
 from .lesson08 import *  # noqa: F403
+from .lesson09 import *  # noqa: F403
 
 __all__ = ["CheckFailed", *sorted(name for name in dir() if name.startswith("check_"))]

@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 
 from ..naive import matmul as naive_matmul
-from .harness import call, compare, describe, fail, fmt_shape, passed
+from .harness import CheckFailed, call, compare, describe, fail, fmt_shape, passed
 from .variants import attention_hint
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "check_cheaper_order",
     "check_flops_chain",
     "check_matmul_loops",
+    "check_matmul_shape",
     "check_most_similar",
 ]
 
@@ -213,3 +214,113 @@ def check_cheaper_order(fn) -> None:
                        f"{right}, so the answer is {want!r}; you returned {got!r}.{why}")
     passed(ex, "four chains, including (Q Kᵀ) V against Q (Kᵀ V), choose the cheaper order")
 
+
+
+#: Exercise 01.6 is a prediction: the shape comes from the rules, not from asking NumPy.
+_SHAPE_BY_RULE = {"numpy": "work out the shape from the rules, without NumPy"}
+
+#: (a's shape, b's shape, what a wrong rule gets wrong here): the probes of exercise 01.6, in
+#: the order a learner meets the rules (same batch, a shared weight, stretching 1s, errors).
+_SHAPE_PROBES = [
+    ((2, 3, 4, 5), (2, 3, 5, 6), ""),
+    ((7, 4, 5), (5, 6), "a 2-D b multiplies every (4, 5) matrix of a: x @ W_q in lesson 03"),
+    ((4, 5), (2, 3, 5, 6), "a's missing leading axes count as 1s, so b's (2, 3) come through"),
+    ((2, 1, 4, 5), (3, 5, 6), "a's batch axis of size 1 stretches to b's 3; b's missing axis "
+                              "counts as 1 and stretches to a's 2"),
+    ((1, 3, 4, 5), (2, 1, 5, 6), "each size-1 batch axis stretches to the other's size"),
+    ((5, 3, 2, 4), (4, 7), ""),
+    ((6, 1), (1, 9), "inner sizes 1 and 1 agree: an outer product"),
+    ((2, 3, 4, 5), (2, 3, 4, 6), "the inner sizes 5 (a's last axis) and 4 (b's second-to-last) "
+                                 "differ"),
+    ((2, 4, 5), (3, 5, 6), "the batch sizes 2 and 3 differ and neither is 1"),
+    ((3, 2), (1, 4), "the inner sizes 2 and 1 differ: a 1 stretches only in the batch axes, "
+                     "never in the two matrix axes"),
+]
+
+
+def _numpy_matmul_shape(a_shape, b_shape):
+    """What NumPy itself does: the shape of ``zeros(a) @ zeros(b)``, or the ValueError."""
+    try:
+        return tuple(np.matmul(np.zeros(a_shape, np.int8), np.zeros(b_shape, np.int8)).shape), ""
+    except ValueError as exc:
+        return None, str(exc)
+
+
+def _call_or_value_error(ex, fn, args, names, forbid):
+    """``(result, None)``, or ``(None, error)`` when ``fn`` raised ValueError (as asked)."""
+    try:
+        return call(ex, fn, args, names, forbid=forbid), None
+    except CheckFailed as err:
+        if isinstance(err.__cause__, ValueError) and str(err).startswith(
+                f"Exercise {ex}: your function raised"):
+            return None, err.__cause__
+        raise
+
+
+def _as_shape(ex, got, label):
+    """The learner's returned shape as a tuple of ints, or a failure saying what was returned."""
+    if got is None:
+        raise fail(ex, f"{label}: your function returned None instead of a shape: did you "
+                       "forget `return`?")
+    if isinstance(got, np.ndarray) and got.ndim > 1:
+        raise fail(ex, f"{label}: you returned an array of shape {fmt_shape(got.shape)}; "
+                       "return the SHAPE of the product, a tuple such as (2, 3, 4, 6)")
+    try:
+        items = list(got)
+    except TypeError:
+        raise fail(ex, f"{label}: you returned {got!r} ({type(got).__name__}); expected a "
+                       "tuple of ints such as (2, 3, 4, 6)") from None
+    if not all(isinstance(n, (numbers.Integral, np.integer)) and not isinstance(n, bool)
+               for n in items):
+        raise fail(ex, f"{label}: you returned {got!r}; expected a tuple of ints such as "
+                       "(2, 3, 4, 6)")
+    return tuple(int(n) for n in items)
+
+
+def check_matmul_shape(fn) -> None:
+    """Exercise 01.6: ``matmul_shape(a_shape, b_shape)``: the shape of ``a @ b``, or ValueError."""
+    ex = "01.6"
+    for a_shape, b_shape, why in _SHAPE_PROBES:
+        want, numpy_error = _numpy_matmul_shape(a_shape, b_shape)
+        label = f"for a {fmt_shape(a_shape)} @ b {fmt_shape(b_shape)}"
+        got, error = _call_or_value_error(ex, fn, (a_shape, b_shape), ("a_shape", "b_shape"),
+                                          _SHAPE_BY_RULE)
+        if want is None:
+            if error is not None:
+                continue
+            mine = _as_shape(ex, got, label)
+            batch_a, batch_b = a_shape[:-2], b_shape[:-2]
+            if a_shape[-1] != b_shape[-2]:
+                likely = (f"{why}. Raise ValueError when a_shape[-1] != b_shape[-2]" if
+                          1 in (a_shape[-1], b_shape[-2]) else
+                          f"{why}: check a_shape[-1] == b_shape[-2] and raise ValueError")
+            else:
+                likely = (f"{why}: aligned from the right, two batch sizes must be equal or "
+                          f"one of them 1 (a's batch axes {fmt_shape(batch_a)}, b's "
+                          f"{fmt_shape(batch_b)}); otherwise raise ValueError")
+            raise fail(ex, f"{label} you returned {fmt_shape(mine)}, but NumPy refuses this "
+                           f"product (ValueError). Likely mistake: {likely}")
+        if error is not None:
+            likely = why or "the batch axes broadcast"
+            raise fail(ex, f"{label} you raised ValueError ({error}), but NumPy computes it: "
+                           f"shape {fmt_shape(want)}. Likely mistake: {likely}")
+        mine = _as_shape(ex, got, label)
+        if mine == want:
+            continue
+        likely = ""
+        if mine == a_shape[:-1] + b_shape[-1:] and a_shape[:-2] != want[:-2]:
+            likely = ("you kept only a's leading axes: the result's batch axes are a's and b's "
+                      "leading axes broadcast together")
+        elif mine == b_shape[:-2] + (a_shape[-2], b_shape[-1]) and b_shape[:-2] != want[:-2]:
+            likely = "you kept only b's leading axes: broadcast a's and b's leading axes together"
+        elif mine[:-2] == want[:-2] and mine[-2:] == (b_shape[-1], a_shape[-2]):
+            likely = "the last two axes are (a's rows, b's columns): (..., m, n) @ (..., n, p) " \
+                     "-> (..., m, p)"
+        elif len(mine) != len(want):
+            likely = ("the result has as many axes as the operand with more axes: "
+                      f"{len(want)} here")
+        raise fail(ex, f"{label} you returned {fmt_shape(mine)}; NumPy gives {fmt_shape(want)}"
+                       + (f". Likely mistake: {likely}" if likely else
+                          (f". Here: {why}" if why else "")))
+    passed(ex, "ten pairs of shapes, from (2, 3, 4, 5) @ (2, 3, 5, 6) to stretched size-1 batch "
+               "axes, give NumPy's shape, and the three products NumPy refuses raise ValueError")

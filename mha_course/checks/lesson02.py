@@ -10,26 +10,29 @@ import numpy as np
 
 from .. import log_softmax, softmax
 from .harness import (
+    ATOL,
+    RTOL,
     call,
     compare,
-    fmt_index,
+    fail,
+    fmt,
+    fmt_pair,
     fmt_shape,
-    masked_are_zero,
     passed,
-    random_mask,
+    quiet,
     rows_sum_to_one,
 )
 from .variants import keepdims_hint, softmax_global_max, softmax_plain
 
 __all__ = [
+    "check_cross_entropy",
     "check_log_softmax",
-    "check_masked_softmax",
     "check_softmax",
     "check_softmax_temperature",
 ]
 
-#: Every softmax a library offers: what exercises 02.1 and 02.4 ask to write, and (through
-#: exp(log_softmax)) 02.1 again. PyTorch is forbidden whole: these exercises are NumPy.
+#: Every softmax a library offers: what exercise 02.1 asks to write (also through
+#: exp(log_softmax)). PyTorch is forbidden whole: these exercises are NumPy.
 _LIBRARY_SOFTMAX = [
     "mha_course.softmax", "mha_course.log_softmax", "mha_course.logsumexp",
     "mha_course.softmax.softmax_inplace", "mha_course.naive.softmax_rows",
@@ -149,47 +152,136 @@ def check_log_softmax(fn) -> None:
                "max (no -inf) and on scores near 800 (no overflow)")
 
 
-#: Exercise 02.4 is to write the masked softmax: no library softmax may do it.
-_OWN_MASKED_SOFTMAX = dict.fromkeys(_LIBRARY_SOFTMAX, "write the masking yourself")
+#: Exercise 02.4 is to fix a loss with NumPy: PyTorch's cross_entropy would do it for you.
+_NUMPY_LOSS = {"torch": "fix the loss with NumPy (mha_course.log_softmax is allowed)"}
+#: The padding label, as in PyTorch's cross_entropy(ignore_index=-100) and Hugging Face.
+IGNORE = -100
 
 
-def check_masked_softmax(fn) -> None:
-    """Exercise 02.4: ``masked_softmax(x, mask)``: zeros where masked, zeros on a full-mask row."""
+def cross_entropy_variant(logits, targets, pairing=False, log_of_softmax=False, ignore=True,
+                          reduce="mean_real", axis=-1):
+    """Cross-entropy with a switch for each classic mistake (the reference when all are off).
+
+    ``pairing``: ``probs[:, targets]`` (every row with every target); ``log_of_softmax``:
+    ``-log(softmax)``, infinite where a probability underflows; ``ignore=False``: padding labels
+    used as indices (-100 picks class C - 100); ``reduce``: "mean_real" (the reference), "sum",
+    or "mean_all" (padding counted as loss 0 in the mean); ``axis``: the softmax's axis.
+    """
+    C = logits.shape[-1]
+    flat_t = np.asarray(targets).reshape(-1)  # (N,)
+    real = flat_t != IGNORE if ignore else np.ones(flat_t.shape, dtype=bool)
+    if log_of_softmax:
+        logp = np.log(softmax(logits, axis=axis)).reshape(-1, C)
+    else:
+        logp = log_softmax(logits, axis=axis).reshape(-1, C)
+    if pairing:  # (N, N): row i with target j, for every i and j
+        picked = logp[:, flat_t[real]][real]
+        losses = -picked
+        return float(losses.mean() if reduce != "sum" else losses.sum())
+    losses = -logp[np.arange(len(flat_t)), np.where(real, flat_t, 0)]  # (N,)
+    losses = np.where(real, losses, 0.0)
+    if reduce == "sum":
+        return float(losses.sum())
+    return float(losses.sum() / (real.sum() if reduce == "mean_real" else len(flat_t)))
+
+
+_CE_BUGS = {
+    "pairing": "probs[:, targets] pairs every position with every target, an (N, N) array; "
+               "pick one per position: probs[np.arange(N), targets]",
+    "log_of_softmax": "-np.log(softmax(...)) is inf where a target's probability underflows to "
+                      "0 (a confident wrong guess): use log_softmax, x - logsumexp(x)",
+    "no_ignore": f"targets of {IGNORE} mark padding: leave them out of the mean (as an index, "
+                 f"{IGNORE} silently picks class C{IGNORE})",
+}
+
+
+def _ce_variants(logits, targets):
+    """``(message, make)`` for every combination of the three bugs, and the other mistakes."""
+    variants = []
+    subsets = sorted(range(1, 8), key=lambda mask: bin(mask).count("1"))
+    for mask in subsets:  # the fewest bugs first: name only what this probe shows
+        on = [name for bit, name in enumerate(_CE_BUGS) if mask >> bit & 1]
+        words = "; and ".join(_CE_BUGS[name] for name in on)
+        prefix = "" if len(on) == 1 else f"{len(on)} of the colleague's bugs: "
+        variants.append((prefix + words, lambda on=on: cross_entropy_variant(
+            logits, targets, pairing="pairing" in on, log_of_softmax="log_of_softmax" in on,
+            ignore="no_ignore" not in on)))
+    variants += [
+        ("you summed the losses; the loss is their mean over the real (non-padding) positions",
+         lambda: cross_entropy_variant(logits, targets, reduce="sum")),
+        ("you divided by every position, padding included; divide by the number of real "
+         "targets", lambda: cross_entropy_variant(logits, targets, reduce="mean_all")),
+        ("softmax over the wrong axis: normalise over the classes, the last axis",
+         lambda: cross_entropy_variant(logits, targets, axis=-2)),
+    ]
+    return variants
+
+
+def _loss_of(ex, got, label, shape):
+    """The learner's loss as a float, or a failure saying what came back instead."""
+    if got is None:
+        raise fail(ex, f"{label}: your function returned None instead of the loss: did you "
+                       "forget `return`?")
+    arr = np.asarray(got)
+    if arr.dtype == object or arr.dtype.kind not in "iuf":
+        raise fail(ex, f"{label}: you returned {type(got).__name__}; expected one float")
+    if arr.shape != ():
+        hint = (" (one loss per position: take their mean over the real positions)"
+                if arr.shape in (shape, (int(np.prod(shape)),)) else "")
+        raise fail(ex, f"{label}: you returned an array of shape {fmt_shape(arr.shape)}; "
+                       f"expected one float, the mean loss{hint}")
+    return float(arr)
+
+
+def check_cross_entropy(fn) -> None:
+    """Exercise 02.4: ``cross_entropy(logits, targets)``: the colleague's loss, fixed."""
     ex = "02.4"
     rng = np.random.default_rng(204)
-    x3, x2 = rng.normal(size=(2, 3, 5)) * 2, rng.normal(size=(4, 6)) * 2
-    for x, full in ((x3, ()), (x3, ((1, 0), (0, 2))), (x2, ((2,),))):
-        mask = random_mask(rng, x.shape, full)
-        want = softmax(x, mask=mask)
-        full_rows = ~mask.any(axis=-1)
-        got = call(ex, fn, (x, mask), ("x", "mask"), hint=keepdims_hint,
-                   forbid=_OWN_MASKED_SOFTMAX)
-        label = ("with a fully masked row" if full else "with every row partly kept") + (
-            f" on x {fmt_shape(x.shape)}" if x.ndim != 3 else "")
-        rows = " and ".join(fmt_index(r) for r in full)
-        compare(
-           ex, got, want, f"your masked softmax {label}", "x.shape",
-           variants=[
-               ("the mask was applied after the softmax: the kept weights no longer sum to 1. "
-                "Set masked scores to -inf BEFORE the softmax",
-                lambda x=x, m=mask: softmax(x) * m),
-               ("the mask is inverted: True means keep (may attend), False means masked out",
-                lambda x=x, m=mask: softmax(x, mask=~m)),
-               ("the mask had no effect: masked entries must come out exactly 0",
-                lambda x=x: softmax(x)),
-               (f"the fully masked rows {rows} come out uniform (1/{x.shape[-1]} each): that is "
-                "what filling with a large negative number such as -1e9 does. A row with nothing "
-                "to attend to must be all zeros",
-                lambda x=x, m=mask: softmax(np.where(m, x, -1e9))),
-           ],
-           nan_message=(f"rows {rows} are fully masked: their max is -inf and -inf - (-inf) = "
-                        "NaN. Shift such a row by 0 instead of its max (np.where(np.isfinite(m), "
-                        "m, 0)) and divide by 1 where the sum is 0, so the row is all zeros")
-           if full else None,
-           props=[masked_are_zero(ex, "your masked softmax", mask),
-                  rows_sum_to_one(ex, "your masked softmax", full_rows)],
-        )
-    passed(ex, "matches mha_course.softmax(x, mask=mask); masked entries are 0; a fully "
-               "masked row is all zeros, not NaN")
+    confident = rng.normal(size=(4, 6))
+    confident[1, 2] += 900.0  # position 1 is sure of class 2 ...
+    t_confident = np.array([0, 4, 5, 1])  # ... and its target is 4: p = exp(-900) = 0.0
+    t_lm = rng.integers(0, 7, size=(2, 4))
+    t_lm[0, 3] = t_lm[1, 2:] = IGNORE  # padded positions of a (B, T) batch
+    t_vocab = rng.integers(0, 120, size=5)
+    t_vocab[[1, 4]] = IGNORE  # with 120 classes, index -100 is class 20: no error, just wrong
+    probes = [
+        ("on logits (6, 5) with different targets", rng.normal(size=(6, 5)) * 2,
+         rng.permutation(6) % 5),
+        ("on logits (2, 4, 7) with padding (-100)", rng.normal(size=(2, 4, 7)), t_lm),
+        ("on logits (5, 120) with padding (-100)", rng.normal(size=(5, 120)), t_vocab),
+        ("on logits (4, 6) where position 1 is confidently wrong (logit gap 900)",
+         confident, t_confident),
+        ("on logits (1, 5), one position (the colleague's test)", rng.normal(size=(1, 5)),
+         np.array([3])),
+    ]
+    for label, logits, targets in probes:
+        want = cross_entropy_variant(logits, targets)
+        got = call(ex, fn, (logits, targets), ("logits", "targets"), hint=_ce_hint,
+                   forbid=_NUMPY_LOSS)
+        loss = _loss_of(ex, got, f"your loss {label}", targets.shape)
+        if np.isclose(loss, want, rtol=RTOL, atol=ATOL):
+            continue
+        for message, make in _ce_variants(logits, targets):
+            wrong = quiet(make)
+            if wrong is not None and not np.isclose(wrong, want, rtol=RTOL, atol=ATOL) and (
+                    np.isclose(loss, wrong, rtol=RTOL, atol=ATOL) or loss == wrong):
+                raise fail(ex, f"your loss {label} is {fmt(loss)}, the reference "
+                               f"{fmt(want)}. Likely mistake: {message}")
+        if not np.isfinite(loss):
+            raise fail(ex, f"your loss {label} is {fmt(loss)}, the reference {fmt(want)}. "
+                           f"Likely mistake: {_CE_BUGS['log_of_softmax']}")
+        mine, theirs = fmt_pair(loss, want)
+        raise fail(ex, f"your loss {label} is {mine}, the reference {theirs}")
+    passed(ex, "matches the mean of -log_softmax at the targets for logits (6, 5), (2, 4, 7), "
+               "(5, 120) and (1, 5): padding (-100) ignored, finite for a confident wrong guess")
 
 
+def _ce_hint(exc):
+    text = str(exc)
+    if "out of bounds" in text and str(IGNORE) in text:
+        return (f"targets of {IGNORE} mark padding: leave them out (a mask targets != {IGNORE}) "
+                "before you index with them")
+    if "too many indices" in text or "shape mismatch" in text or "broadcast" in text:
+        return ("logits may have leading axes, (B, T, C) with targets (B, T): reshape to "
+                "(N, C) and (N,) first, or use np.take_along_axis")
+    return None

@@ -8,6 +8,7 @@ exercise's check cell (see :mod:`mha_course.checks`).
 from __future__ import annotations
 
 import math
+from itertools import combinations
 
 import numpy as np
 
@@ -17,7 +18,10 @@ from .harness import (
     call,
     compare,
     compare_pair,
+    describe,
     fail,
+    fmt,
+    fmt_pair,
     fmt_shape,
     passed,
     random_mask,
@@ -28,7 +32,8 @@ __all__ = [
     "check_attention",
     "check_attention_scores",
     "check_causal_mask",
-    "check_masked_self_attention",
+    "check_causal_self_attention",
+    "check_choose_scale",
     "check_padding_mask",
 ]
 
@@ -198,35 +203,154 @@ def check_padding_mask(fn) -> None:
                "mha_course.padding_mask")
 
 
-def check_masked_self_attention(fn) -> None:
-    """Exercise 03.5: ``masked_self_attention(q, k, v, lengths)``: causal AND padding masks."""
+#: Exercise 03.5 is to fix the colleague's code: the package's attention and masks would
+#: replace it rather than fix it.
+_FIX_IT = dict.fromkeys(
+    ["mha_course.scaled_dot_product_attention", "mha_course.tiled_attention",
+     "mha_course.MultiHeadAttention", "mha_course.lean.lean_forward", "mha_course.causal_mask",
+     "mha_course.padding_mask", "mha_course.sliding_window_mask",
+     "torch.nn.functional.scaled_dot_product_attention"],
+    "fix the colleague's attention yourself (mha_course.softmax is allowed)",
+)
+
+#: The colleague's three bugs, each hidden by one feature of their test (d_model == d_k, no
+#: padding, only the last position compared).
+_SELF_BUGS = {
+    "scale": "the scores are divided by √d_model (x.shape[-1]); divide by √d_k, the width of "
+             "q and k (q.shape[-1]): the two are equal only when d_model == d_k",
+    "queries": "the padding mask hides padded QUERIES: real[:, :, None] is (B, T, 1). Hide "
+               "padded KEYS: (B, 1, T), False in the key columns past each length",
+    "after": "the mask is applied after the softmax, so the kept weights no longer sum to 1; "
+             "set the masked scores to -inf BEFORE the softmax (mha_course.softmax(scores, "
+             "mask=...))",
+}
+
+
+def self_attention_variant(x, W_q, W_k, W_v, lengths, bugs=(), causal=True, padding=True,
+                           combine="and"):
+    """Causal self-attention over a padded batch with some of the colleague's bugs in it."""
+    T = x.shape[-2]
+    q, k, v = x @ W_q, x @ W_k, x @ W_v  # (B, T, d_k), (B, T, d_k), (B, T, d_v)
+    if "scale" in bugs:  # attention_variant divides by √d_k; make that √d_model
+        q = q * np.sqrt(q.shape[-1] / x.shape[-1])
+    real = np.arange(T)[None, :] < np.asarray(lengths)[:, None]  # (B, T)
+    pad = real[:, :, None] if "queries" in bugs else real[:, None, :]  # (B, T, 1) or (B, 1, T)
+    tril = causal_mask(T)
+    if causal and padding:
+        mask = (tril & pad) if combine == "and" else (tril | pad)
+    else:
+        mask = tril if causal else pad if padding else None
+    where = "after" if "after" in bugs else "before"
+    return attention_variant(q, k, v, mask, where=where)
+
+
+def _self_variants(x, W_q, W_k, W_v, lengths):
+    """``(message, make)``: every combination of the colleague's bugs, then other mistakes."""
+    names = list(_SELF_BUGS)
+    variants = []
+    for size in (1, 2, 3):  # the fewest bugs first: name only what this probe shows
+        for on in combinations(names, size):
+            words = "; and ".join(_SELF_BUGS[name] for name in on)
+            prefix = "" if size == 1 else f"{size} of the colleague's bugs: "
+            variants.append((prefix + words, lambda on=on: self_attention_variant(
+                x, W_q, W_k, W_v, lengths, bugs=on)))
+    variants += [
+        ("only the causal mask: padded keys must be hidden too (combine both masks with &)",
+         lambda: self_attention_variant(x, W_q, W_k, W_v, lengths, padding=False)),
+        ("only the padding mask: queries must not see future keys (combine both with &)",
+         lambda: self_attention_variant(x, W_q, W_k, W_v, lengths, causal=False)),
+        ("you combined the masks with | (or): a key must pass BOTH masks, use &",
+         lambda: self_attention_variant(x, W_q, W_k, W_v, lengths, combine="or")),
+        ("no mask had any effect", lambda: self_attention_variant(
+            x, W_q, W_k, W_v, lengths, causal=False, padding=False)),
+    ]
+    return variants
+
+
+def check_causal_self_attention(fn) -> None:
+    """Exercise 03.5: ``causal_self_attention(x, W_q, W_k, W_v, lengths)``, the bugs fixed."""
     ex = "03.5"
     rng = np.random.default_rng(305)
-    for B, T, d_k, d_v, lengths in ((2, 5, 4, 6, [3, 5]), (3, 6, 9, 2, [6, 1, 4])):
-        q, k, v = attention_probes(rng, B=B, T=T, S=T, d_k=d_k, d_v=d_v)
-        causal, pad = causal_mask(T), padding_mask(lengths, T)
-        want_out, want_w = scaled_dot_product_attention(q, k, v, mask=causal & pad)
-        got = call(ex, fn, (q, k, v, lengths), ("q", "k", "v", "lengths"), hint=attention_hint)
-
-        def var(m, q=q, k=k, v=v, **kw):
-            return lambda: attention_variant(q, k, v, m, **kw)
-
-        variants = [
-            (f"you applied only the causal mask: a sequence shorter than T={T} still attends to "
-             "its padding keys. Combine both: causal_mask(T) & padding_mask(lengths, T)",
-             var(causal)),
-            ("you applied only the padding mask: queries still see future keys. Combine both "
-             "with &", var(pad)),
-            ("you combined the masks with | (or): a key must be allowed by BOTH masks, use &",
-             var(causal | pad)),
-            ("no mask had any effect", var(None)),
-            ("scores not scaled by √d_k", var(causal & pad, scale="none")),
-            ("mask applied after the softmax: set masked scores to -inf before it",
-             var(causal & pad, where="after")),
-        ]
-        compare_pair(ex, got, want_out, want_w, f"for lengths {lengths}, T=S={T}", variants,
-                     mask=causal & pad)
-    passed(ex, "out (2, 5, 6) and weights (2, 5, 5) match attention with causal_mask(5) & "
-               "padding_mask([3, 5], 5): no future keys, no padding keys")
+    probes = [(2, 5, 8, 4, 6, [3, 5]), (3, 6, 10, 6, 3, [6, 2, 4]), (1, 4, 6, 6, 5, [4])]
+    for B, T, d_model, d_k, d_v, lengths in probes:
+        x = rng.normal(size=(B, T, d_model))
+        W_q, W_k = rng.normal(size=(2, d_model, d_k)) / np.sqrt(d_model)
+        W_v = rng.normal(size=(d_model, d_v)) / np.sqrt(d_model)
+        mask = causal_mask(T) & padding_mask(lengths, T)  # (B, T, T)
+        want_out, want_w = scaled_dot_product_attention(x @ W_q, x @ W_k, x @ W_v, mask=mask)
+        got = call(ex, fn, (x, W_q, W_k, W_v, lengths), ("x", "W_q", "W_k", "W_v", "lengths"),
+                   hint=attention_hint, forbid=_FIX_IT)
+        label = f"for x {fmt_shape(x.shape)}, d_k={d_k}, lengths {lengths}"
+        compare_pair(ex, got, want_out, want_w, label, _self_variants(x, W_q, W_k, W_v, lengths),
+                     mask=mask, nan_message="a query row with no allowed key gives NaN: "
+                     + _SELF_BUGS["queries"])
+    passed(ex, "out and weights match causal attention with the padded keys hidden, for x "
+               "(2, 5, 8) with d_k=4, (3, 6, 10) with d_k=6 and (1, 4, 6) with d_k=6")
 
 
+#: How close a measured scale must be: loose enough for np.var's ddof=0 or ddof=1 (a relative
+#: difference of 1/(2n), n >= 1500 pairs), tight enough to tell every known mistake apart.
+_SCALE_RTOL = 2e-3
+
+
+def _measured_scale(q, k, how="std"):
+    """1 / the spread of the n dot products q[i]·k[i], measured as ``how`` says."""
+    dots = (q * k).sum(axis=-1)  # (n,): row i of q with row i of k
+    return {"std": 1 / dots.std(), "var": 1 / dots.var(), "inverse": dots.std(),
+            "rms": 1 / np.sqrt((dots**2).mean()), "entries": 1 / (q * k).std(),
+            "all_pairs": 1 / (q @ k.T).std(), "theory": 1 / np.sqrt(q.shape[-1])}[how]
+
+
+_SCALE_MISTAKES = [
+    ("theory", "you returned 1/√d_k: the right scale only when every entry of q and k has "
+               "variance 1 (and mean 0). Measure the spread of these dot products instead"),
+    ("var", "you divided by the variance; c·(q·k) has variance c²·var(q·k), so c = 1/std"),
+    ("inverse", "you returned the standard deviation itself; the scale is 1/std(q·k)"),
+    ("rms", "you used the mean square of the dot products, which counts their mean too; a "
+            "constant added to every score leaves the softmax unchanged (lesson 02), so only "
+            "the spread matters: use the variance (np.var subtracts the mean)"),
+    ("entries", "you measured single products q_j·k_j; the score is their SUM over the d_k "
+                "features: (q * k).sum(axis=-1)"),
+    ("all_pairs", "you paired every query with every key (q @ k.T); pair row i of q with row "
+                  "i of k: (q * k).sum(axis=-1)"),
+]
+
+
+def check_choose_scale(fn) -> None:
+    """Exercise 03.6: ``choose_scale(q, k)``: c with var(c · q[i]·k[i]) = 1, measured."""
+    ex = "03.6"
+    rng = np.random.default_rng(306)
+    probes = [
+        ("unit-variance entries, d_k=16", rng.normal(size=(2, 2000, 16))),
+        ("unit-variance entries, d_k=64", rng.normal(size=(2, 1500, 64))),
+        ("entries of std 2 (q) and 1.5 (k), d_k=9",
+         rng.normal(size=(2, 2000, 9)) * np.array([2.0, 1.5])[:, None, None]),
+        ("features of different sizes, d_k=32",
+         rng.normal(size=(2, 2000, 32)) * np.linspace(0.2, 3.0, 32)),
+        ("entries with mean 1 (q) and 0.5 (k), d_k=8",
+         rng.normal(size=(2, 2500, 8)) + np.array([1.0, 0.5])[:, None, None]),
+    ]
+    for label, (q, k) in probes:
+        want = _measured_scale(q, k)
+        got = call(ex, fn, (q, k), ("q", "k"))
+        if got is None:
+            raise fail(ex, f"for {label}: your function returned None instead of the scale: "
+                           "did you forget `return`?")
+        arr = np.asarray(got)
+        if arr.dtype == object or arr.dtype.kind not in "iuf" or arr.size != 1:
+            raise fail(ex, f"for {label}: you returned {describe(got)}; expected one number, "
+                           "the scale c")
+        c = float(arr.reshape(()))
+        if abs(c - want) <= _SCALE_RTOL * abs(want):
+            continue
+        for how, message in _SCALE_MISTAKES:
+            wrong = _measured_scale(q, k, how)
+            if abs(wrong - want) > 10 * _SCALE_RTOL * want and \
+                    abs(c - wrong) <= _SCALE_RTOL * abs(wrong):
+                raise fail(ex, f"for {label} you chose c = {fmt(c)}; the measured scale is "
+                               f"{fmt(want)}. Likely mistake: {message}")
+        mine, theirs = fmt_pair(c, want)
+        raise fail(ex, f"for {label} you chose c = {mine}; the measured scale 1/std(q·k) is "
+                       f"{theirs}: c·(q[i]·k[i]) should have variance 1")
+    passed(ex, "c = 1/std(q·k) measured for unit entries at d_k = 16 and 64 (c·√d_k ≈ 1), and "
+               "for entries of other sizes and means, where 1/√d_k would be wrong")

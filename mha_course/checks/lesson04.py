@@ -8,6 +8,7 @@ exercise's check cell (see :mod:`mha_course.checks`).
 from __future__ import annotations
 
 import numbers
+from itertools import combinations
 
 import numpy as np
 
@@ -205,11 +206,48 @@ _NOT_THE_LAYER = dict.fromkeys(
 )
 
 
+#: The colleague's bugs in exercise 04.6, each hidden by their test (one head, context = x).
+_CROSS_BUGS = {
+    "from_x": "keys and values are projections of x; in cross-attention they come from "
+              "context (k = context @ W_k, v = context @ W_v), the queries from x",
+    "reshape": "the heads are split by reshape alone, (B, h, T, d_k): reshape to (B, T, h, "
+               "d_k) and swap axes 1 and 2, as split_heads does",
+    "scale": "the scores are divided by √(h·d_k) (W_q.shape[1]); each head divides by its "
+             "own √d_k",
+}
+
+
+def cross_attention_variant(layer, x, context, bugs=(), scaled=True):
+    """Cross-attention from the layer's weights, with some of the colleague's bugs in it."""
+    h = layer.h
+    source = x if "from_x" in bugs else context
+
+    def heads(a, W):  # (B, L, h*d) -> (B, h, L, d)
+        y = a @ W
+        if "reshape" in bugs:
+            return y.reshape(*y.shape[:-2], h, y.shape[-2], y.shape[-1] // h)
+        return split_heads(y, h)
+
+    q, k, v = heads(x, layer.W_q), heads(source, layer.W_k), heads(source, layer.W_v)
+    if "scale" in bugs:  # attention_variant divides by √d_k; make that √(h·d_k)
+        q = q / np.sqrt(h)
+    out, w = attention_variant(q, k, v, scale="sqrt" if scaled else "none")
+    return merge_heads(out) @ layer.W_o, w
+
+
+def _cross_hint(exc):
+    """The likely mistake behind an exception from an answer to exercise 04.6."""
+    if "cannot reshape" in str(exc):
+        return ("keys and values have S = context.shape[-2] positions, not T: split them with "
+                "split_heads(context @ W_k, h), which reads the length from its input")
+    return attention_hint(exc)
+
+
 def _check_cross_config(ex, fn, layer, x, context) -> None:
     """Exercise 04.6 on one layer and one pair of sequences."""
     (B, T, _), S, h = x.shape, context.shape[-2], layer.h
     want_out, want_w = layer(x, context=context)
-    got = call(ex, fn, (layer, x, context), ("layer", "x", "context"), hint=attention_hint,
+    got = call(ex, fn, (layer, x, context), ("layer", "x", "context"), hint=_cross_hint,
                forbid=_NOT_THE_LAYER)
     pair(ex, got)
     swapped_pair(ex, got, want_out.shape, want_w.shape)
@@ -223,15 +261,16 @@ def _check_cross_config(ex, fn, layer, x, context) -> None:
     if np.shape(got[1]) in shapes and np.shape(got[1]) != want_w.shape:
         raise fail(ex, f"Likely mistake: {shapes[np.shape(got[1])]}")
 
-    def unscaled():
-        q = split_heads(x @ layer.W_q, h)
-        k = split_heads(context @ layer.W_k, h)
-        v = split_heads(context @ layer.W_v, h)
-        out, w = attention_variant(q, k, v, scale="none")
-        return merge_heads(out) @ layer.W_o, w
-
     label = "" if h == 3 else f" for h={h}, T={T}, S={S}"
-    variants = [("scores not scaled by √d_k", unscaled)]
+    variants = []
+    for size in (1, 2, 3):  # the fewest bugs first: name only what this probe shows
+        for on in combinations(_CROSS_BUGS, size):
+            words = "; and ".join(_CROSS_BUGS[name] for name in on)
+            prefix = "" if size == 1 else f"{size} of the colleague's bugs: "
+            variants.append((prefix + words, lambda on=on: cross_attention_variant(
+                layer, x, context, bugs=on)))
+    variants.append(("scores not scaled by √d_k", lambda: cross_attention_variant(
+        layer, x, context, scaled=False)))
     compare(ex, got[1], want_w, "your weights" + label, "(B, h, T, S)",
             variants=[(m, (lambda mk=mk: mk()[1])) for m, mk in variants],
             props=[rows_sum_to_one(ex, "your weights" + label)])
@@ -245,10 +284,11 @@ def check_cross_attention(fn) -> None:
     """Exercise 04.6: ``cross_attention(layer, x, context)`` -> (out, weights)."""
     ex = "04.6"
     rng = np.random.default_rng(406)
-    for B, T, S, d_model, h, d_k, d_v in ((2, 4, 5, 10, 3, 6, 7), (1, 3, 6, 8, 2, 5, 3)):
+    for B, T, S, d_model, h, d_k, d_v in ((2, 4, 5, 10, 3, 6, 7), (1, 3, 6, 8, 2, 5, 3),
+                                          (2, 4, 4, 12, 4, 2, 3)):
         layer = MultiHeadAttention(d_model, h, d_k=d_k, d_v=d_v, rng=rng)
         x = rng.normal(size=(B, T, d_model))
         context = rng.normal(size=(B, S, d_model))
         _check_cross_config(ex, fn, layer, x, context)
     passed(ex, "out (2, 4, 10) and weights (2, 3, 4, 5) match layer(x, context=context) "
-               "for T=4 queries and S=5 context positions")
+               "for T=4 queries and S=5 context positions, and for h=2 and h=4 (with T = S)")

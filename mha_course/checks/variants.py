@@ -77,3 +77,51 @@ def mha_variant(x, W_q, W_k, W_v, W_o, mask=None, scale="sqrt", axis=-1, order=1
         weights.append(w)
     return np.concatenate(heads, axis=-1) @ W_o, np.stack(weights[::order], axis=-3)
 
+
+
+# ------------------------------------------------- lesson 09: the wrong fixes of the drill
+# Each imitates a fix that hides a bug's symptom without restoring the property it breaks;
+# the drill's checks name the mistake when a learner's answer equals one of them.
+
+
+def heads_scaled(x, W_q, W_k, W_v, W_o, h, width):
+    """Multi-head attention whose scores are divided by √width instead of √d_k."""
+    q, k, v = (np.swapaxes(p.reshape(*p.shape[:-1], h, -1), -3, -2)
+               for p in (x @ W_q, x @ W_k, x @ W_v))  # (..., h, T, d)
+    weights = softmax(q @ np.swapaxes(k, -1, -2) / np.sqrt(width))
+    heads = weights @ v  # (..., h, T, d_v)
+    concat = np.swapaxes(heads, -3, -2).reshape(*heads.shape[:-3], heads.shape[-2], -1)
+    return concat @ W_o, weights
+
+
+def scores_of(q, k):
+    return q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+
+
+def renormalised_after_mask(q, k, v, mask):
+    """softmax, then zero the masked weights, then divide by the row sums (0/0 possible)."""
+    w = softmax(scores_of(q, k)) * mask
+    w = w / w.sum(axis=-1, keepdims=True)
+    return w @ v, w
+
+
+def bias_product_attention(q, k, v, keep, fill=-np.inf, clean=False):
+    """An additive mask made by a product, ``scores + (1 - keep) * fill``, in ``keep``'s dtype;
+    ``clean`` turns NaN weights into 0 afterwards."""
+    keep = np.asarray(keep, dtype=q.dtype)
+    w = softmax(scores_of(q, k) + (1.0 - keep) * np.asarray(fill, dtype=q.dtype))
+    w = np.nan_to_num(w, nan=0.0) if clean else w
+    return w @ v, w
+
+
+def dropout_variant(weights, p, rng, training=True, how="scale_1_minus_p"):
+    """A dropout with one classic slip: multiply by 1 - p, renormalise rows, or keep with p."""
+    if not training:
+        return weights
+    keep = rng.random(weights.shape) >= p
+    if how == "keep_with_p":
+        return np.where(~keep, weights / (1 - p), 0.0)
+    if how == "times":
+        return np.where(keep, weights * (1 - p), 0.0)
+    dropped = np.where(keep, weights, 0.0)  # "renormalise"
+    return dropped / dropped.sum(axis=-1, keepdims=True)

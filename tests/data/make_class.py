@@ -3,7 +3,7 @@
     python tests/data/make_class.py OUT [--n 30]
     python -m mha_course check OUT --jobs 2 --timeout 30 [--no-sandbox]
 
-Each learner answers exercises 03.1 to 03.5 of ``exercises/03_single_head_attention.ipynb``:
+Each learner answers exercises 03.1 to 03.6 of ``exercises/03_single_head_attention.ipynb``:
 mostly right, some with a classic mistake, some not attempted; one learner's 03.2 hangs and
 one learner's 03.4 crashes the kernel. The mix is fixed (no randomness), so two timings see the
 same class. ``tests/test_exercise_tools.py`` checks that the folder is built as described.
@@ -31,10 +31,15 @@ RIGHT = {
     "03.3": "def causal_mask(T):\n    return np.tril(np.ones((T, T), dtype=bool))",
     "03.4": "def padding_mask(lengths, S):\n"
             "    return (np.arange(S)[None, :] < np.asarray(lengths)[:, None])[:, None, :]",
-    "03.5": "def masked_self_attention(q, k, v, lengths):\n"
-            "    T = q.shape[-2]\n"
-            "    mask = mha_course.causal_mask(T) & mha_course.padding_mask(lengths, T)\n"
-            "    return mha_course.scaled_dot_product_attention(q, k, v, mask=mask)",
+    "03.5": "def causal_self_attention(x, W_q, W_k, W_v, lengths):\n"
+            "    T = x.shape[-2]\n"
+            "    q, k, v = x @ W_q, x @ W_k, x @ W_v\n"
+            "    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])\n"
+            "    real = np.arange(T)[None, :] < np.asarray(lengths)[:, None]\n"
+            "    mask = np.tril(np.ones((T, T), dtype=bool)) & real[:, None, :]\n"
+            "    weights = mha_course.softmax(scores, mask=mask)\n"
+            "    return weights @ v, weights",
+    "03.6": "def choose_scale(q, k):\n    return 1 / (q * k).sum(axis=-1).std()",
 }
 WRONG = {
     "03.1": ["def attention_scores(q, k):\n    return q @ np.swapaxes(k, -1, -2)",
@@ -56,9 +61,16 @@ WRONG = {
              "    return (np.arange(S)[None, :] <= np.asarray(lengths)[:, None])[:, None, :]",
              "def padding_mask(lengths, S):\n"
              "    return np.arange(S)[None, :] < np.asarray(lengths)[:, None]"],
-    "03.5": ["def masked_self_attention(q, k, v, lengths):\n"
-             "    return mha_course.scaled_dot_product_attention(\n"
-             "        q, k, v, mask=mha_course.causal_mask(q.shape[-2]))"],
+    "03.5": ["def causal_self_attention(x, W_q, W_k, W_v, lengths):\n"
+             "    T = x.shape[-2]\n"
+             "    q, k, v = x @ W_q, x @ W_k, x @ W_v\n"
+             "    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(x.shape[-1])\n"
+             "    real = np.arange(T)[None, :] < np.asarray(lengths)[:, None]\n"
+             "    mask = np.tril(np.ones((T, T), dtype=bool)) & real[:, None, :]\n"
+             "    weights = mha_course.softmax(scores, mask=mask)\n"
+             "    return weights @ v, weights"],
+    "03.6": ["def choose_scale(q, k):\n    return 1 / np.sqrt(q.shape[-1])",
+             "def choose_scale(q, k):\n    return 1 / (q * k).sum(axis=-1).var()"],
 }
 HANG = "def attention(q, k, v, mask=None):\n    while True:\n        pass"
 CRASH = "import os\nos._exit(1)"

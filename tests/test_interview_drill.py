@@ -1,0 +1,106 @@
+"""Lesson 09, the interview drill: its rapid questions are folded, linked and mapped, its
+catalogue lists the drill's exercises, and an instructor can bundle drill exercises with
+``assign`` and check the result like any other (end to end, once).
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import io
+import os
+import re
+from pathlib import Path
+
+import nbformat
+
+from mha_course.grading.cli import main
+from mha_course.grading.notebooks import info
+
+ROOT = Path(__file__).resolve().parent.parent
+LESSON = ROOT / "notebooks" / "09_interview_drill.ipynb"
+SOLUTIONS = ROOT / "solutions" / "09_interview_drill.ipynb"
+
+
+def _lesson():
+    return nbformat.read(LESSON, as_version=4)
+
+
+def _drill_map() -> dict[int, tuple[str, str]]:
+    """The DRILL dict of the lesson's first cell that defines it."""
+    cell = next(c for c in _lesson().cells if c.cell_type == "code" and "DRILL = {" in c.source)
+    tree = ast.parse(cell.source)
+    node = next(n for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "DRILL")
+    return ast.literal_eval(node.value)
+
+
+def _questions() -> dict[int, str]:
+    """{question number: its markdown, question and folded answer}."""
+    text = "\n".join(c.source for c in _lesson().cells if c.cell_type == "markdown")
+    parts = re.split(r"(?m)^\*\*Q(\d+)\. ", text)
+    return {int(n): body for n, body in zip(parts[1::2], parts[2::2], strict=True)}
+
+
+def test_at_least_25_rapid_questions_each_with_a_folded_answer_and_a_link_to_its_lesson():
+    questions, drill = _questions(), _drill_map()
+    assert len(questions) >= 25
+    assert sorted(questions) == list(range(1, len(questions) + 1)) == sorted(drill)
+    for n, body in questions.items():
+        answer = body.split("<details><summary>Answer</summary>", 1)
+        assert len(answer) == 2 and "</details>" in answer[1], f"Q{n} has no folded answer"
+        links = re.findall(r"\]\((\d\d)_\w+\.ipynb\)", answer[1])
+        assert links, f"Q{n}'s answer links no lesson"
+        for lesson in set(links):
+            assert list((ROOT / "notebooks").glob(f"{lesson}_*.ipynb")), f"Q{n}: no lesson {lesson}"
+        assert drill[n][1] in links, f"Q{n} is mapped to lesson {drill[n][1]}, links {links}"
+
+
+def test_every_numbers_question_has_a_self_check_in_the_outputs():
+    outputs = "".join(o.get("text", "") for c in _lesson().cells if c.cell_type == "code"
+                      for o in c.outputs)
+    for n, (kind, _) in _drill_map().items():
+        if kind == "numbers":
+            assert f"Q{n} self-check: " in outputs, f"Q{n} asks for a number and computes none"
+
+
+def test_the_catalogue_lists_every_spot_the_bug_exercise_of_the_solutions():
+    text = "\n".join(c.source for c in _lesson().cells if c.cell_type == "markdown")
+    listed = re.findall(r"(?m)^\| (09\.\d+) \|", text)
+    nb = nbformat.read(SOLUTIONS, as_version=4)
+    broken = [info(c)["exercise"] for c in nb.cells if info(c).get("kind") == "broken"]
+    assert listed == broken and len(broken) >= 10
+
+
+def _cli(*args) -> tuple[int, str]:
+    buf, old = io.StringIO(), Path.cwd()
+    os.chdir(ROOT)
+    try:
+        with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+            code = main([str(a) for a in args])
+    finally:
+        os.chdir(old)
+    return code, buf.getvalue()
+
+
+def test_an_instructor_bundles_drill_exercises_and_checks_the_answers(tmp_path):
+    out = tmp_path / "drill.ipynb"
+    code, text = _cli("assign", "09.4", "09.1", "09.15", "-o", out)
+    assert code == 0, text
+    bundle = nbformat.read(out, as_version=4)
+    assert bundle.metadata["mha_course"] == {"assignment": ["09.1", "09.4", "09.15"]}
+    kinds = [(info(c).get("exercise"), info(c).get("kind")) for c in bundle.cells]
+    assert ("09.1", "broken") in kinds and ("09.4", "broken") in kinds  # the broken code comes too
+    assert "### BEGIN SOLUTION" not in out.read_text()
+
+    # A learner answers 09.1 and 09.15 with the solutions and leaves 09.4 alone.
+    solution = {info(c)["exercise"]: c.source for c in nbformat.read(SOLUTIONS, as_version=4).cells
+                if info(c).get("role") == "solution"}
+    for cell in bundle.cells:
+        if info(cell).get("role") == "solution" and info(cell)["exercise"] != "09.4":
+            cell.source = solution[info(cell)["exercise"]]
+    done = tmp_path / "drill_done.ipynb"
+    nbformat.write(bundle, done)
+    code, text = _cli("check", done)
+    assert code == 1, text  # one exercise not attempted
+    for ex, verdict in (("09.1", "passed"), ("09.4", "not attempted"), ("09.15", "passed")):
+        assert re.search(rf"Exercise {re.escape(ex)} +{verdict}", text), text
