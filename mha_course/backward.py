@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validate import as_float_array, fail, fmt_shape
+from ._validate import as_float_array, fail, fmt_shape, validate_shape
 from .heads import group_heads, kv_for_groups, merge_heads, split_heads, ungroup_heads
 from .positions import apply_rope
 
@@ -212,6 +212,12 @@ def attention_backward(grad_out, q, k, v, weights) -> tuple[np.ndarray, np.ndarr
         Shaped like ``q``, ``k``, ``v``: an input that was broadcast (a length-1 or missing
         batch axis) gets the sum over the axes it was broadcast along.
 
+    Raises
+    ------
+    ValueError
+        If an argument is not a float array or its trailing axes do not match the others'
+        (the message names the argument, its shape and the shape expected).
+
     Examples
     --------
     >>> q, k, v = np.ones((3, 4)), np.ones((5, 4)), np.ones((5, 2))
@@ -219,7 +225,14 @@ def attention_backward(grad_out, q, k, v, weights) -> tuple[np.ndarray, np.ndarr
     >>> [g.shape for g in attention_backward(np.ones((3, 2)), q, k, v, weights)]
     [(3, 4), (5, 4), (5, 2)]
     """
-    d_k = q.shape[-1]
+    func = "attention_backward"
+    grad_out, q, k, v, weights = (as_float_array(func, name, a) for name, a in zip(
+        ("grad_out", "q", "k", "v", "weights"), (grad_out, q, k, v, weights), strict=True))
+    T, d_k = validate_shape(func, "q", q, ("T", "d_k")).values()
+    S = validate_shape(func, "k", k, ("S", "d_k"), {"d_k": (d_k, "q")})["S"]
+    d_v = validate_shape(func, "v", v, ("S", "d_v"), {"S": (S, "k")})["d_v"]
+    validate_shape(func, "weights", weights, ("T", "S"), {"T": (T, "q"), "S": (S, "k")})
+    validate_shape(func, "grad_out", grad_out, ("T", "d_v"), {"T": (T, "q"), "d_v": (d_v, "v")})
     # 1. out = weights @ v
     dweights = grad_out @ np.swapaxes(v, -1, -2)  # (..., T, d_v) @ (..., d_v, S) -> (..., T, S)
     dv = np.swapaxes(weights, -1, -2) @ grad_out  # (..., S, T) @ (..., T, d_v) -> (..., S, d_v)

@@ -144,6 +144,10 @@ class KVCache:
 
     def __init__(self, layer, batch_shape=(), max_len=None, *, dtype=None, window=None):
         func = "KVCache"
+        if not all(hasattr(layer, a) for a in ("n_kv_heads", "d_k", "d_v")):
+            raise fail(func, f"layer has type {type(layer).__name__}; expected the "
+                       "MultiHeadAttention whose keys and values it will hold (or use "
+                       "layer.init_cache())")
         self.layer = layer
         self.batch_shape = parse_batch_shape(func, batch_shape)
         self.max_len = None if max_len is None else validate_positive_int(func, "max_len", max_len)

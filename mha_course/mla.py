@@ -333,6 +333,10 @@ class LatentCache:
 
     def __init__(self, layer, batch_shape=(), max_len=None, *, dtype=None):
         func = "LatentCache"
+        if not all(hasattr(layer, a) for a in ("d_c", "d_rope")):
+            raise fail(func, f"layer has type {type(layer).__name__}; expected the "
+                       "MultiHeadLatentAttention whose latents it will hold (or use "
+                       "layer.init_cache())")
         self.layer = layer
         self.batch_shape = parse_batch_shape(func, batch_shape)
         self.max_len = None if max_len is None else validate_positive_int(func, "max_len", max_len)

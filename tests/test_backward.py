@@ -22,7 +22,16 @@ import conftest
 import numpy as np
 import pytest
 
-from mha_course import causal_mask, merge_heads, padding_mask, split_heads
+from mha_course import (
+    KVCache,
+    LatentCache,
+    attention_backward,
+    causal_mask,
+    merge_heads,
+    padding_mask,
+    scaled_dot_product_attention,
+    split_heads,
+)
 from mha_course.backward import SavedActivations, backward, gradient_check
 
 TOL = 1e-10  # float64 max abs difference from torch autograd
@@ -486,3 +495,51 @@ def test_integer_grad_out_raises(rng):
     _, cache = layer.forward(rng.normal(size=(T, D_MODEL)), return_cache=True)
     with pytest.raises(ValueError, match=r"^MultiHeadAttention\.backward: grad_out has dtype int"):
         layer.backward(np.ones((T, D_MODEL), dtype=int), cache)
+
+
+# ------------------------------------------------------------- attention_backward, on its own
+def test_attention_backward_matches_central_differences_with_a_broadcast_k(rng):
+    """dq, dk, dv of a batched call whose k and v are shared by the batch (summed back)."""
+    q, k, v = rng.normal(size=(2, 3, 4)), rng.normal(size=(5, 4)), rng.normal(size=(5, 2))
+    g = rng.normal(size=(2, 3, 2))  # loss = sum(out * g): dLoss/dout = g
+
+    def loss_and_grad(which):
+        def f(x):
+            args = {"q": q, "k": k, "v": v, which: x}
+            out, weights = scaled_dot_product_attention(args["q"], args["k"], args["v"])
+            grads = dict(zip("qkv", attention_backward(g, args["q"], args["k"], args["v"],
+                                                       weights), strict=True))
+            return float((out * g).sum()), grads[which]
+        return f
+
+    for which, x in (("q", q), ("k", k), ("v", v)):
+        assert gradient_check(loss_and_grad(which), x, eps=EPS) < REL, which
+
+
+@pytest.mark.parametrize(
+    ("shapes", "message"),
+    [
+        (((3, 2), (3, 4), (5, 6), (5, 2), (3, 5)),
+         r"k has shape \(5, 6\); expected \(S, d_k\) with d_k=4 \(from q\)"),
+        (((3, 2), (3, 4), (5, 4), (5, 2), (3, 4)),
+         r"weights has shape \(3, 4\); expected \(T, S\) with T=3 \(from q\), S=5 \(from k\)"),
+        (((3, 3), (3, 4), (5, 4), (5, 2), (3, 5)),
+         r"grad_out has shape \(3, 3\); expected \(T, d_v\) with T=3 \(from q\), d_v=2 "
+         r"\(from v\)"),
+        (((3, 2), (3, 4), (5, 4), (6, 2), (3, 5)),
+         r"v has shape \(6, 2\); expected \(S, d_v\) with S=5 \(from k\)"),
+    ],
+    ids=["d_k", "weights", "grad_out", "S"],
+)
+def test_attention_backward_names_the_argument_of_the_wrong_shape(rng, shapes, message):
+    with pytest.raises(ValueError, match=r"^attention_backward: " + message):
+        attention_backward(*(rng.normal(size=s) for s in shapes))
+
+
+def test_a_cache_needs_a_layer():
+    with pytest.raises(ValueError, match=r"^KVCache: layer has type int; expected the "
+                                         r"MultiHeadAttention"):
+        KVCache(0, max_len=4)
+    with pytest.raises(ValueError, match=r"^LatentCache: layer has type str; expected the "
+                                         r"MultiHeadLatentAttention"):
+        LatentCache("layer")
