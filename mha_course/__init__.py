@@ -18,6 +18,7 @@ from .heads import merge_heads, split_heads
 from .kv_cache import KVCache
 from .mla import LatentCache, MultiHeadLatentAttention
 from .multihead import MultiHeadAttention
+from .paged_cache import PagedKVCache
 from .positions import apply_rope, rope_permutation, sinusoidal_positions
 from .softmax import log_softmax, logsumexp, softmax
 from .tasks import make_batch
@@ -29,6 +30,7 @@ __all__ = [
     "LatentCache",
     "MultiHeadAttention",
     "MultiHeadLatentAttention",
+    "PagedKVCache",
     "TinyTransformer",
     "apply_rope",
     "attention_backward",
