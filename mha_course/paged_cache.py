@@ -13,13 +13,19 @@ table*, the list of the physical blocks that hold its positions ``0..n-1`` in or
 is taken from a free list only when the sequence's last block is full. A sequence then wastes at
 most ``block_size - 1`` positions, and a finished sequence's blocks go straight back to the pool.
 
+Sequences with a common prefix (parallel sampling, beam search) can share blocks:
+:meth:`PagedKVCache.fork` gives a new sequence the same block table, each block counting the
+tables that hold it; a sequence about to write into a shared block first copies it
+(copy-on-write), and a block returns to the free list when no table holds it any more.
+
 Usage::
 
     cache = PagedKVCache(layer, n_blocks=1024, block_size=16)
     seq = cache.add_sequence()
     cache.append(seq, k, v)                   # k (g, T_new, d_k), v (g, T_new, d_v)
     keys, values = cache.gather(seq)          # (g, n, d_k), (g, n, d_v): a copy
-    cache.free(seq)                           # its blocks back to the free list
+    child = cache.fork(seq)                   # shares seq's blocks until one of them writes
+    cache.free(seq)                           # blocks no other sequence holds: back to the pool
 """
 
 from __future__ import annotations
@@ -34,8 +40,10 @@ class PagedKVCache:
 
     Position ``p`` of a sequence lives in block ``table[p // block_size]`` at offset
     ``p % block_size``; blocks are taken from the free list one at a time, when the sequence's
-    last block is full, so the blocks of one sequence are in general not contiguous. Storage
-    only: attention over :meth:`gather`'s output is the package's usual attention.
+    last block is full, so the blocks of one sequence are in general not contiguous. A block
+    may be held by several tables after :meth:`fork` (a reference count per block); it is
+    copied before a sequence writes into it while shared. Storage only: attention over
+    :meth:`gather`'s output is the package's usual attention.
 
     Parameters
     ----------
@@ -89,6 +97,7 @@ class PagedKVCache:
         # the free list, as a stack: block 0 is taken first, a freed block is reused first
         self._free = list(range(self.n_blocks - 1, -1, -1))
         self._tables: dict[int, list[int]] = {}  # seq_id -> physical block ids, in order
+        self._refs = [0] * self.n_blocks  # block -> how many tables hold it
         self._lens: dict[int, int] = {}  # seq_id -> positions stored
         self._next_id = 0
         self._k = self._v = None  # (n_blocks, g, block_size, d_k | d_v) once allocated
@@ -123,6 +132,10 @@ class PagedKVCache:
     def sequences(self) -> list[int]:
         """The ids of the live sequences, oldest first."""
         return list(self._tables)
+
+    def ref_count(self, block: int) -> int:
+        """How many sequences' block tables hold physical block ``block`` (0: it is free)."""
+        return self._refs[block]
 
     @property
     def block_bytes(self) -> int:
@@ -173,14 +186,57 @@ class PagedKVCache:
             If ``seq_id`` is not a live sequence.
         """
         self._check_id("PagedKVCache.free", seq_id)
-        self._free.extend(reversed(self._tables.pop(seq_id)))  # its first block is reused first
+        for block in reversed(self._tables.pop(seq_id)):  # its first block is reused first
+            self._refs[block] -= 1
+            if self._refs[block] == 0:  # no other sequence holds it
+                self._free.append(block)
         del self._lens[seq_id]
+
+    def fork(self, seq_id) -> int:
+        """A new sequence with the same positions as ``seq_id``, sharing its blocks.
+
+        Nothing is copied now: the new block table points to the same physical blocks, whose
+        reference counts go up by one. The first :meth:`append` of either sequence into a
+        shared, partly filled last block copies that block first (copy-on-write); full blocks
+        are never written again, so they stay shared.
+
+        Returns
+        -------
+        int
+            The new sequence's id.
+
+        Raises
+        ------
+        ValueError
+            If ``seq_id`` is not a live sequence.
+
+        Examples
+        --------
+        >>> from mha_course import MultiHeadAttention
+        >>> cache = PagedKVCache(MultiHeadAttention(8, 2, rng=0), n_blocks=4, block_size=2)
+        >>> a = cache.add_sequence()
+        >>> cache.append(a, np.zeros((2, 3, 4)), np.zeros((2, 3, 4)))  # blocks 0, 1
+        >>> b = cache.fork(a)
+        >>> cache.blocks_in_use, cache.block_table(b)
+        (2, [0, 1])
+        >>> cache.append(b, np.ones((2, 1, 4)), np.ones((2, 1, 4)))  # block 1 copied first
+        >>> cache.block_table(a), cache.block_table(b), cache.gather(b)[0].shape
+        ([0, 1], [0, 2], (2, 4, 4))
+        """
+        self._check_id("PagedKVCache.fork", seq_id)
+        child = self.add_sequence()
+        self._tables[child] = list(self._tables[seq_id])
+        self._lens[child] = self._lens[seq_id]
+        for block in self._tables[child]:
+            self._refs[block] += 1
+        return child
 
     def append(self, seq_id, k, v) -> None:
         """Append ``T_new`` positions of projected keys and values to ``seq_id``.
 
         The positions fill the sequence's last block, then new blocks from the free list (as
-        many as needed: ``T_new`` may span several blocks).
+        many as needed: ``T_new`` may span several blocks). A partly filled last block that
+        another sequence shares (after :meth:`fork`) is first copied to a block of its own.
 
         Parameters
         ----------
@@ -219,15 +275,26 @@ class PagedKVCache:
         table, n_old, bs = self._tables[seq_id], self._lens[seq_id], self.block_size
         n_total = n_old + n_new
         needed = -(-n_total // bs) - len(table)  # ceil(n_total / bs) blocks in all
-        if needed > len(self._free):
-            raise fail(func, f"the pool is full: sequence {seq_id} needs {needed} more "
-                       f"block{'s' if needed != 1 else ''} of {bs} positions for {n_new} new "
-                       f"position{'s' if n_new != 1 else ''}, but only {len(self._free)} of "
-                       f"{self.n_blocks} blocks are free; free finished sequences or make a "
-                       "larger pool")
+        copy = n_old % bs != 0 and self._refs[table[-1]] > 1  # a shared block to write into
+        if needed + copy > len(self._free):
+            why = " (one to copy a shared block)" if copy else ""
+            raise fail(func, f"the pool is full: sequence {seq_id} needs {needed + copy} more "
+                       f"block{'s' if needed + copy != 1 else ''}{why} of {bs} positions for "
+                       f"{n_new} new position{'s' if n_new != 1 else ''}, but only "
+                       f"{len(self._free)} of {self.n_blocks} blocks are free; free finished "
+                       "sequences or make a larger pool")
         if self._k is None:
             self._allocate(k.dtype)
-        table.extend(self._free.pop() for _ in range(needed))
+        if copy:  # copy-on-write: the other sequences keep the shared block as it is
+            shared, own = table[-1], self._free.pop()
+            self._k[own], self._v[own] = self._k[shared], self._v[shared]
+            self._refs[shared] -= 1
+            self._refs[own] = 1
+            table[-1] = own
+        for _ in range(needed):
+            block = self._free.pop()
+            self._refs[block] = 1
+            table.append(block)
         positions = np.arange(n_old, n_total)  # (T_new,)
         blocks = np.asarray(table)[positions // bs]  # (T_new,): the physical block of each
         offsets = positions % bs  # (T_new,): the slot inside it

@@ -2,7 +2,8 @@
 
 Whatever order sequences are added, appended to and freed in, each sequence's gathered keys and
 values must be exactly what was appended to it, the pool must hold ``ceil(len / block_size)``
-blocks per live sequence, freed blocks must be reused, and a full pool or an unknown id must
+blocks per live sequence (distinct blocks, once ``fork`` shares them, with a copy before a
+shared block is written), freed blocks must be reused, and a full pool or an unknown id must
 be refused with a message that says what was needed, before anything changes. Attention over the
 gathered keys must equal the ordinary ``KVCache`` decode of the same sequence.
 """
@@ -34,7 +35,7 @@ def ceil_div(a, b):
 
 # ------------------------------------------------------------------ against a plain model
 OPS = st.lists(
-    st.tuples(st.sampled_from(["add", "append", "free"]), st.integers(0, 10**6),
+    st.tuples(st.sampled_from(["add", "append", "free", "fork"]), st.integers(0, 10**6),
               st.integers(1, 9)),
     min_size=1, max_size=30,
 )
@@ -43,11 +44,14 @@ OPS = st.lists(
 @given(ops=OPS, block_size=st.integers(1, 5), n_kv_heads=st.sampled_from([1, 2, 4]),
        seed=st.integers(0, 2**16))
 def test_random_interleaved_operations_match_a_dict_of_arrays(ops, block_size, n_kv_heads, seed):
+    # blocks in use == sum of ceil(len / block_size) while no sequence was forked; with forks,
+    # the distinct blocks of all tables, each table holding ceil(len / block_size) of them
     rng = np.random.default_rng(seed)
     layer = random_layer(rng, n_kv_heads=n_kv_heads)
     g = layer.n_kv_heads
     cache = PagedKVCache(layer, n_blocks=40, block_size=block_size)
     model: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    forked = False
     for op, pick, n in ops:
         live = sorted(model)
         if op == "add" or not live:
@@ -55,7 +59,9 @@ def test_random_interleaved_operations_match_a_dict_of_arrays(ops, block_size, n
         elif op == "append":
             seq = live[pick % len(live)]
             k, v = kv(rng, g, n)
-            need = ceil_div(cache.len_of(seq) + n, block_size) - len(cache.block_table(seq))
+            table, n_old = cache.block_table(seq), cache.len_of(seq)
+            need = ceil_div(n_old + n, block_size) - len(table)
+            need += n_old % block_size != 0 and cache.ref_count(table[-1]) > 1  # copy-on-write
             if need > cache.free_blocks:
                 with pytest.raises(ValueError, match=r"PagedKVCache\.append: the pool is full"):
                     cache.append(seq, k, v)
@@ -63,6 +69,9 @@ def test_random_interleaved_operations_match_a_dict_of_arrays(ops, block_size, n
                 cache.append(seq, k, v)
                 old_k, old_v = model[seq]
                 model[seq] = (np.concatenate([old_k, k], 1), np.concatenate([old_v, v], 1))
+        elif op == "fork":
+            model[cache.fork(live[pick % len(live)])] = model[live[pick % len(live)]]
+            forked = True
         else:
             seq = live[pick % len(live)]
             cache.free(seq)
@@ -74,11 +83,17 @@ def test_random_interleaved_operations_match_a_dict_of_arrays(ops, block_size, n
             np.testing.assert_array_equal(got_k, want_k)
             np.testing.assert_array_equal(got_v, want_v)
             assert cache.len_of(seq) == want_k.shape[1]
-        in_use = sum(ceil_div(k.shape[1], block_size) for k, _ in model.values())
-        assert cache.blocks_in_use == in_use
-        assert cache.free_blocks == 40 - in_use
+        for seq, (k, _) in model.items():
+            table = cache.block_table(seq)
+            assert len(table) == len(set(table)) == ceil_div(k.shape[1], block_size)
         owned = [b for seq in model for b in cache.block_table(seq)]
-        assert len(owned) == len(set(owned)) == in_use  # no block owned twice
+        in_use = len(set(owned))
+        if not forked:
+            assert in_use == len(owned) == sum(ceil_div(k.shape[1], block_size)
+                                               for k, _ in model.values())
+        assert cache.blocks_in_use == in_use and cache.free_blocks == 40 - in_use
+        for b in set(owned):
+            assert cache.ref_count(b) == owned.count(b)
 
 
 # ------------------------------------------------------------------------------ blocks
@@ -231,3 +246,55 @@ def test_bad_shapes_and_arguments_are_refused(rng):
         PagedKVCache(layer, n_blocks=2, block_size=4, dtype=np.int32)
     with pytest.raises(ValueError, match=r"PagedKVCache: layer has type str"):
         PagedKVCache("layer", n_blocks=2, block_size=4)
+
+
+# ------------------------------------------------------------------ sharing: fork, copy-on-write
+def test_fork_shares_blocks_and_copies_a_shared_block_before_writing_it(rng):
+    cache = PagedKVCache(random_layer(rng), n_blocks=8, block_size=4)
+    a = cache.add_sequence()
+    k, v = kv(rng, H, 6)
+    cache.append(a, k, v)  # blocks 0 (full), 1 (2 of 4)
+    b = cache.fork(a)
+    assert cache.block_table(b) == [0, 1] and cache.blocks_in_use == 2
+    assert cache.ref_count(0) == cache.ref_count(1) == 2
+    np.testing.assert_array_equal(cache.gather(b)[0], k)
+    kb, vb = kv(rng, H, 3)
+    cache.append(b, kb, vb)  # block 1 is shared and partly filled: copied to block 2 first
+    assert cache.block_table(b) == [0, 2, 3] and cache.block_table(a) == [0, 1]
+    assert cache.ref_count(0) == 2 and cache.ref_count(1) == cache.ref_count(2) == 1
+    np.testing.assert_array_equal(cache.gather(a)[0], k)  # the parent did not see b's tokens
+    np.testing.assert_array_equal(cache.gather(a)[1], v)
+    np.testing.assert_array_equal(cache.gather(b)[0], np.concatenate([k, kb], 1))
+    np.testing.assert_array_equal(cache.gather(b)[1], np.concatenate([v, vb], 1))
+    ka, va = kv(rng, H, 1)
+    cache.append(a, ka, va)  # block 1 is a's alone now: written in place
+    assert cache.block_table(a) == [0, 1]
+    np.testing.assert_array_equal(cache.gather(b)[0], np.concatenate([k, kb], 1))
+    cache.free(a)
+    assert cache.ref_count(0) == 1 and cache.blocks_in_use == 3  # block 0 is still b's
+    np.testing.assert_array_equal(cache.gather(b)[0], np.concatenate([k, kb], 1))
+    cache.free(b)
+    assert cache.blocks_in_use == 0 and cache.free_blocks == 8
+
+
+def test_full_shared_blocks_are_never_copied(rng):
+    cache = PagedKVCache(random_layer(rng), n_blocks=4, block_size=2)
+    a = cache.add_sequence()
+    cache.append(a, *kv(rng, H, 4))  # blocks 0, 1, both full
+    b = cache.fork(a)
+    cache.append(b, *kv(rng, H, 1))  # a new block for b; nothing copied
+    assert cache.block_table(b) == [0, 1, 2] and cache.blocks_in_use == 3
+
+
+def test_a_copy_on_write_that_does_not_fit_is_refused_and_changes_nothing(rng):
+    cache = PagedKVCache(random_layer(rng), n_blocks=2, block_size=4)
+    a = cache.add_sequence()
+    cache.append(a, *kv(rng, H, 5))  # blocks 0, 1 (1 of 4): the pool is full
+    b = cache.fork(a)
+    with pytest.raises(ValueError, match=r"PagedKVCache\.append: the pool is full: sequence 1 "
+                       r"needs 1 more block \(one to copy a shared block\) of 4 "
+                       r"positions for 1 new position, but only 0 of 2 blocks are free"):
+        cache.append(b, *kv(rng, H, 1))
+    assert cache.block_table(b) == [0, 1] and cache.len_of(b) == 5 and cache.ref_count(1) == 2
+    with pytest.raises(ValueError, match=r"PagedKVCache\.fork: unknown seq_id=9"):
+        cache.fork(9)
