@@ -18,7 +18,7 @@ from .heads import merge_heads, split_heads
 from .kv_cache import KVCache
 from .mla import LatentCache, MultiHeadLatentAttention
 from .multihead import MultiHeadAttention
-from .positions import apply_rope, rope_permutation, sinusoidal_positions
+from .positions import alibi_bias, alibi_slopes, apply_rope, rope_permutation, sinusoidal_positions
 from .softmax import log_softmax, logsumexp, softmax
 from .tasks import make_batch
 from .tiled import tiled_attention
@@ -30,6 +30,8 @@ __all__ = [
     "MultiHeadAttention",
     "MultiHeadLatentAttention",
     "TinyTransformer",
+    "alibi_bias",
+    "alibi_slopes",
     "apply_rope",
     "attention_backward",
     "attention_flops",
