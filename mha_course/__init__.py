@@ -19,7 +19,7 @@ from .kv_cache import KVCache
 from .mla import LatentCache, MultiHeadLatentAttention
 from .multihead import MultiHeadAttention
 from .paged_cache import PagedKVCache
-from .positions import apply_rope, rope_permutation, sinusoidal_positions
+from .positions import alibi_bias, alibi_slopes, apply_rope, rope_permutation, sinusoidal_positions
 from .softmax import log_softmax, logsumexp, softmax
 from .tasks import make_batch
 from .tiled import tiled_attention
@@ -32,6 +32,8 @@ __all__ = [
     "MultiHeadLatentAttention",
     "PagedKVCache",
     "TinyTransformer",
+    "alibi_bias",
+    "alibi_slopes",
     "apply_rope",
     "attention_backward",
     "attention_flops",

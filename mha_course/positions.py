@@ -1,4 +1,4 @@
-"""Positions: the sinusoidal encodings of the 2017 paper and rotary position embeddings (RoPE).
+"""Positions: sinusoidal encodings (2017), rotary position embeddings (RoPE) and ALiBi biases.
 
 Taught in ``notebooks/05_layer_to_model.ipynb``.
 
@@ -21,6 +21,11 @@ other is a known bug, huggingface/transformers#25199):
 
 :func:`rope_permutation` gives the column order that converts one into the other (what Hugging
 Face's Llama conversion script does to ``W_q`` and ``W_k``).
+
+A third way adds nothing to the tokens at all: :func:`alibi_bias` (Press et al., 2022, "Train
+Short, Test Long") adds ``-slope_h · (query position - key position)`` to head ``h``'s scores
+before the softmax, with the fixed geometric slopes of :func:`alibi_slopes`: no parameters, and
+the same formula at any length.
 """
 
 from __future__ import annotations
@@ -101,10 +106,13 @@ def rope_angles(positions, d: int, base: float = 10000.0) -> np.ndarray:
 
     Parameters
     ----------
-    positions : ndarray of int, shape (T,)
+    positions : ndarray of int or float, shape (T,)
+        Fractional positions are allowed: position interpolation (Chen et al., 2023) runs a
+        model trained on ``L`` positions at ``s·L`` by using positions ``p / s``.
     d : int
         The (even) width that is rotated; there are ``d / 2`` pairs.
     base : float, default 10000.0
+        NTK-aware scaling for ``s`` times the context uses ``base · s**(d / (d - 2))``.
 
     Returns
     -------
@@ -233,3 +241,89 @@ def rope_permutation(d_k: int, h: int = 1) -> np.ndarray:
         raise fail(func, f"d_k={d_k} must be even (RoPE turns pairs of features)")
     one_head = np.concatenate([np.arange(0, d_k, 2), np.arange(1, d_k, 2)])  # (d_k,)
     return (np.arange(h)[:, None] * d_k + one_head).reshape(-1)  # (h, d_k) -> (h*d_k,)
+
+
+def alibi_slopes(h: int) -> np.ndarray:
+    """ALiBi's per-head slopes: a geometric sequence ``2**(-8/h), 2**(-16/h), ..., 2**(-8)``.
+
+    That is the paper's rule for ``h`` a power of 2 (Press et al., 2022). For other ``h`` the
+    reference implementation (ofirpress/attention_with_linear_biases) takes the ``n`` slopes of
+    the closest lower power of 2, ``n``, then every other slope of ``2n`` heads (0-based indices
+    0, 2, 4, ...) until there are ``h``: ``h = 12`` gives the 8 slopes of ``h = 8`` followed by
+    slopes 0, 2, 4, 6 of ``h = 16``, i.e. ``2**-0.5, 2**-1.5, 2**-2.5, 2**-3.5``.
+
+    Parameters
+    ----------
+    h : int
+        Number of heads.
+
+    Returns
+    -------
+    ndarray of float64, shape (h,)
+        Head 0 has the steepest slope (looks nearest); all slopes are in (0, 1).
+
+    Raises
+    ------
+    ValueError
+        If ``h`` is not a positive integer.
+
+    Examples
+    --------
+    >>> alibi_slopes(4).tolist()
+    [0.25, 0.0625, 0.015625, 0.00390625]
+    >>> alibi_slopes(12).shape
+    (12,)
+    """
+    h = validate_positive_int("alibi_slopes", "h", h)
+    n = 1 << (h.bit_length() - 1)  # the closest power of 2 <= h
+    slopes = 2.0 ** (-8.0 * np.arange(1, n + 1) / n)  # (n,): 2**(-8/n), ..., 2**(-8)
+    if n == h:
+        return slopes
+    extra = 2.0 ** (-8.0 * np.arange(1, 2 * n + 1) / (2 * n))[0::2][: h - n]  # (h - n,)
+    return np.concatenate([slopes, extra])  # (n,) + (h - n,) -> (h,)
+
+
+def alibi_bias(h: int, T: int, S: int | None = None) -> np.ndarray:
+    """ALiBi's bias, added to the scores of head ``i``: ``-slope_i · (query pos - key pos)``.
+
+    The queries are the *last* ``T`` of ``S`` positions (bottom-right, like
+    ``causal_mask(T, S)``, as when decoding with a cache): query ``t`` sits at position
+    ``t + S - T``, so entry ``[i, t, s]`` is ``-slope_i · (t + S - T - s)``. It depends on the
+    offset alone, is 0 on the query's own position and grows more negative with the distance.
+    It is meant for causal attention: use it with ``causal_mask(T, S)``. Where that mask says no
+    (keys after the query) the entries are positive and meaningless.
+
+    Parameters
+    ----------
+    h : int
+        Number of heads; the slopes are :func:`alibi_slopes` ``(h)``.
+    T : int
+        Number of query positions.
+    S : int, optional
+        Number of key positions (default ``T``); at least ``T``.
+
+    Returns
+    -------
+    ndarray of float64, shape (h, T, S)
+        Add it to ``(..., h, T, S)`` scores before the softmax.
+
+    Raises
+    ------
+    ValueError
+        If ``h``, ``T`` or ``S`` is not a positive integer, or ``S < T``.
+
+    Examples
+    --------
+    >>> alibi_bias(2, 3).shape
+    (2, 3, 3)
+    >>> alibi_bias(1, 2, 4)[0].tolist()
+    [[-0.0078125, -0.00390625, 0.0, 0.00390625], [-0.01171875, -0.0078125, -0.00390625, 0.0]]
+    """
+    func = "alibi_bias"
+    h = validate_positive_int(func, "h", h)
+    T = validate_positive_int(func, "T", T)
+    S = T if S is None else validate_positive_int(func, "S", S)
+    if S < T:
+        raise fail(func, f"S={S} must be >= T={T} (the queries are the last T of S positions)")
+    key_minus_query = np.arange(S)[None, :] - (np.arange(T)[:, None] + (S - T))  # (T, S)
+    return alibi_slopes(h)[:, None, None] * key_minus_query  # (h, 1, 1) * (T, S) -> (h, T, S)

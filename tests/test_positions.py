@@ -15,15 +15,19 @@ import numpy as np
 import pytest
 
 from mha_course import (
+    alibi_bias,
+    alibi_slopes,
     apply_rope,
     causal_mask,
     merge_heads,
     rope_permutation,
     scaled_dot_product_attention,
     sinusoidal_positions,
+    softmax,
     split_heads,
 )
 from mha_course.backward import gradient_check
+from mha_course.positions import rope_angles
 
 B, T, H, D_K, D_V, D_MODEL = 2, 5, 4, 6, 3, 10
 # the shared helper (tests/conftest.py) with this module's sizes
@@ -308,3 +312,81 @@ def test_rope_permutation_orders_even_features_first_in_each_head():
         rope_permutation(5)
     with pytest.raises(ValueError, match=r"^rope_permutation: h=0 must be an integer >= 1$"):
         rope_permutation(4, 0)
+
+
+# ------------------------------------------------------------------- rope_angles, stretched
+def test_rope_angles_take_fractional_positions_and_a_larger_base():
+    d, s = 64, 4
+    theta = 10000.0 ** (-2 * np.arange(d // 2) / d)
+    # position interpolation: positions p / s turn every pair s times slower
+    np.testing.assert_allclose(rope_angles(np.arange(8) / s, d), np.arange(8)[:, None] * theta / s,
+                               rtol=1e-15)
+    # NTK-aware scaling: the first pair keeps its speed, the last one is s times slower
+    ntk = rope_angles(np.array([1]), d, base=10000.0 * s ** (d / (d - 2)))[0]
+    assert ntk[0] == 1.0
+    np.testing.assert_allclose(ntk[-1], theta[-1] / s, rtol=1e-12)
+
+
+# ------------------------------------------------------------------------------------ ALiBi
+def test_alibi_slopes_for_a_power_of_two_are_the_papers_sequence_exactly():
+    assert alibi_slopes(8).tolist() == [1 / 2, 1 / 4, 1 / 8, 1 / 16, 1 / 32, 1 / 64, 1 / 128,
+                                        1 / 256]
+    assert alibi_slopes(1).tolist() == [1 / 256]
+    assert alibi_slopes(2).tolist() == [1 / 16, 1 / 256]
+
+
+def test_alibi_slopes_for_other_head_counts_follow_the_reference_rule():
+    # 12 heads: the 8 slopes of h = 8, then slopes 0, 2, 4, 6 of h = 16 (2**(-k/2), k = 1..16)
+    want = [2.0**-k for k in range(1, 9)] + [2.0**-0.5, 2.0**-1.5, 2.0**-2.5, 2.0**-3.5]
+    assert alibi_slopes(12).tolist() == want
+    # 3 heads: the 2 slopes of h = 2, then slope 0 of h = 4
+    assert alibi_slopes(3).tolist() == [2.0**-4, 2.0**-8, 2.0**-2]
+    for h in range(1, 40):
+        assert alibi_slopes(h).shape == (h,)
+
+
+def test_alibi_bias_is_minus_slope_times_distance_constant_along_diagonals():
+    h, T = 4, 7
+    bias = alibi_bias(h, T)
+    slopes = alibi_slopes(h)
+    assert bias.shape == (h, T, T) and bias.dtype == np.float64
+    for i in range(h):
+        for t in range(T):
+            for s in range(T):
+                assert bias[i, t, s] == -slopes[i] * (t - s)
+        for off in range(-T + 1, T):
+            assert np.ptp(np.diagonal(bias[i], off)) == 0
+    np.testing.assert_array_equal(np.diagonal(bias, axis1=1, axis2=2), 0.0)
+
+
+def test_alibi_bias_puts_fewer_queries_at_the_end_bottom_right():
+    h, T, S = 3, 2, 6
+    bias = alibi_bias(h, T, S)
+    assert bias.shape == (h, T, S)
+    # the queries are positions S - T .. S - 1: the last rows of the square (S, S) bias
+    np.testing.assert_array_equal(bias, alibi_bias(h, S)[:, S - T :])
+    # 0 exactly where causal_mask(T, S) has its last allowed key, the query's own position
+    last_allowed = causal_mask(T, S).sum(axis=-1) - 1
+    np.testing.assert_array_equal(bias[:, np.arange(T), last_allowed], 0.0)
+    assert (bias[np.broadcast_to(causal_mask(T, S), bias.shape)] <= 0).all()
+
+
+def test_alibi_in_attention_makes_the_steepest_head_look_nearest():
+    # uniform scores: the weights come from the bias alone
+    h, T = 8, 32
+    w = softmax(np.zeros((h, T, T)) + alibi_bias(h, T), mask=causal_mask(T))  # (h, T, T)
+    mean_distance = (w[:, -1] * np.arange(T)[::-1]).sum(axis=-1)  # last query, per head
+    assert (np.diff(mean_distance) > 0).all()
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda: alibi_slopes(0), "alibi_slopes: h=0 must be an integer >= 1"),
+    (lambda: alibi_slopes(2.0), "alibi_slopes: h=2.0 must be an integer >= 1"),
+    (lambda: alibi_bias(8, 0), "alibi_bias: T=0 must be an integer >= 1"),
+    (lambda: alibi_bias(True, 3), "alibi_bias: h=True must be an integer >= 1"),
+    (lambda: alibi_bias(8, 4, 3),
+     "alibi_bias: S=3 must be >= T=4 (the queries are the last T of S positions)"),
+])
+def test_alibi_bad_input_is_a_named_error(call, message):
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        call()
