@@ -386,9 +386,9 @@ def head_viewer(model, batch, vocab=VOCAB, *, extra_controls=()):
             layers=[i for i, t in enumerate(layer_toggles) if t.value],
             heads=[key for key, t in head_toggles.items() if t.value],
             token=chosen)
+        image.value = png  # the picture first: once the summary changes, so has the picture
         summary.value = ("<div style='font-family: monospace; font-size: 12px; "
                          f"line-height: 1.4'>{html.escape(summary_line(info))}</div>")
-        image.value = png
 
     def on_example(change):
         token.unobserve(redraw, names="value")
