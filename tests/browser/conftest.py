@@ -120,8 +120,12 @@ def _copy_lessons(dest: Path) -> None:
 
 
 def _write_user_settings(settings_dir: Path) -> None:
-    """Temp user settings: no news or update check (a toast would cover the page)."""
+    """Temp user settings: no news or update check (a toast would cover the page), and no
+    autosave: the tests run and close notebooks without saving them, and an autosave still in
+    flight when a panel is closed fails with a "File Save Error: Disposed" dialog that covers the
+    page for the tests after it (seen once on a loaded machine)."""
     settings = {
+        "@jupyterlab/docmanager-extension/plugin.jupyterlab-settings": {"autosave": False},
         "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
             "fetchNews": "false",
             "checkForUpdates": False,
