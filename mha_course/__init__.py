@@ -16,6 +16,7 @@ from .block import dropout, layer_norm, residual
 from .cost import attention_flops, kv_cache_bytes, mla_cache_bytes, param_count
 from .heads import merge_heads, split_heads
 from .kv_cache import KVCache
+from .linear_attention import elu_feature_map, linear_attention
 from .mla import LatentCache, MultiHeadLatentAttention
 from .multihead import MultiHeadAttention
 from .paged_cache import PagedKVCache
@@ -39,9 +40,11 @@ __all__ = [
     "attention_flops",
     "causal_mask",
     "dropout",
+    "elu_feature_map",
     "gradient_check",
     "kv_cache_bytes",
     "layer_norm",
+    "linear_attention",
     "log_softmax",
     "logsumexp",
     "make_batch",
