@@ -22,7 +22,7 @@ from .generate import load_solutions
 from .merge import merge_learner, reference_for
 from .notebooks import course_root, info, read_notebook
 from .run import DEFAULT_TIMEOUT, Isolation, run_nbval
-from .sandbox import Library, find_sandbox
+from .sandbox import Library, files_changed, find_sandbox
 from .verdicts import NotebookResult, Verdict, judge_run
 
 #: The package the checker belongs to: its snapshot is what every run imports.
@@ -90,15 +90,7 @@ class Checker:
         In the sandbox nothing can change them; without it, a submission's code can, and the
         command reports which (every verdict was computed from the snapshots regardless).
         """
-        found = self.isolation.library.changed(PACKAGE_DIR)
-        for path, data in self.watched.items():
-            try:
-                same = path.read_bytes() == data
-            except OSError:
-                same = False
-            if not same:
-                found.append(str(path))
-        return found
+        return self.isolation.library.changed(PACKAGE_DIR) + files_changed(self.watched)
 
     def check(self, path: str | Path) -> NotebookResult:
         """Check one learner notebook; never writes ``path``.

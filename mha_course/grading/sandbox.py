@@ -81,18 +81,21 @@ class Library:
 
     def changed(self, package_dir: Path) -> list[str]:
         """Source files of ``package_dir`` that differ from the snapshot (tamper detection)."""
-        found = []
-        for rel, data in self.files.items():
-            if rel.endswith(".pyc"):
-                continue
-            path = package_dir.parent / rel
-            try:
-                same = path.read_bytes() == data
-            except OSError:
-                same = False
-            if not same:
-                found.append(str(path))
-        return found
+        return files_changed({package_dir.parent / rel: data for rel, data in self.files.items()
+                              if not rel.endswith(".pyc")})
+
+
+def files_changed(snapshot: dict[Path, bytes]) -> list[str]:
+    """The paths of ``snapshot`` whose file no longer holds the bytes recorded (or is gone)."""
+    found = []
+    for path, data in snapshot.items():
+        try:
+            same = Path(path).read_bytes() == data
+        except OSError:
+            same = False
+        if not same:
+            found.append(str(path))
+    return found
 
 
 @dataclass(frozen=True)

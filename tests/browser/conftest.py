@@ -70,14 +70,19 @@ def _missing_browser() -> str | None:
     return None
 
 
-def require_browser() -> None:
-    """Skip (learner's machine) or fail (CI: MHA_COURSE_REQUIRE_BROWSER=1) without a browser."""
-    reason = _missing_browser()
-    if reason is None:
+def require(condition: bool, reason: str) -> None:
+    """Skip (learner's machine) or fail (CI: MHA_COURSE_REQUIRE_BROWSER=1) unless ``condition``."""
+    if condition:
         return
     if os.environ.get("MHA_COURSE_REQUIRE_BROWSER") == "1":
         pytest.fail(f"MHA_COURSE_REQUIRE_BROWSER=1 but {reason}", pytrace=False)
-    pytest.skip(f"browser tests need Chromium and playwright: {reason}")
+    pytest.skip(reason)
+
+
+def require_browser() -> None:
+    """Skip (learner's machine) or fail (CI: MHA_COURSE_REQUIRE_BROWSER=1) without a browser."""
+    reason = _missing_browser()
+    require(reason is None, f"browser tests need Chromium and playwright: {reason}")
 
 
 # --- the JupyterLab server ---------------------------------------------------------------------
@@ -105,7 +110,8 @@ class LabServer:
         return json.loads(body) if body else None
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (for a server a test starts)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -196,7 +202,7 @@ def lab_server(tmp_path_factory) -> LabServer:
         d.mkdir()
     _write_user_settings(dirs["JUPYTERLAB_SETTINGS_DIR"])
 
-    port, token = _free_port(), secrets.token_hex(24)
+    port, token = free_port(), secrets.token_hex(24)
     cmd = [
         sys.executable, "-m", "jupyterlab",
         "--no-browser",

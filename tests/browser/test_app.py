@@ -52,7 +52,7 @@ from mha_course.head_viewer import summary_line as head_line
 from mha_course.stepper import draw_stepper, stepper_summary_line
 from mha_course.trained_models import held_out, load_models
 
-from .conftest import new_tab, require_browser
+from .conftest import free_port, new_tab, require, require_browser
 from .labdriver import REPO
 
 pytestmark = pytest.mark.browser
@@ -77,20 +77,6 @@ IMAGE_DIGEST = """async (img) => {
   const hash = new Uint8Array(await crypto.subtle.digest('SHA-256', bytes));
   return Array.from(hash, b => b.toString(16).padStart(2, '0')).join('') + ':' + bytes.byteLength;
 }"""
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _require(condition: bool, reason: str) -> None:
-    if condition:
-        return
-    if os.environ.get("MHA_COURSE_REQUIRE_BROWSER") == "1":
-        pytest.fail(f"MHA_COURSE_REQUIRE_BROWSER=1 but {reason}", pytrace=False)
-    pytest.skip(reason)
 
 
 def _alive(pid: int) -> bool:
@@ -152,8 +138,8 @@ def app(tmp_path_factory):
     """``make app`` on a free port; stopped (with its kernels) when the module is done."""
     require_browser()
     venv = Path(sys.prefix)
-    _require(shutil.which("make") is not None, "make is not installed")
-    _require((venv / "bin" / "voila").is_file(),
+    require(shutil.which("make") is not None, "make is not installed")
+    require((venv / "bin" / "voila").is_file(),
              f"no voila in {venv}/bin (pip install -e '.[app]' or '.[test]')")
     base = tmp_path_factory.mktemp("make-app")
     env = {**os.environ, "BROWSER": "true"}  # webbrowser would start a real one
@@ -163,7 +149,7 @@ def app(tmp_path_factory):
     env.pop("JUPYTER_PATH", None)
     log = base / "make-app.log"
     cmd = ["make", "--no-print-directory", "-o", f"{venv}/.installed-app", "app",
-           f"VENV={venv}", f"APP_PORT={_free_port()}"]
+           f"VENV={venv}", f"APP_PORT={free_port()}"]
     started = time.monotonic()
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import free_port, require
 from .labdriver import REPO, lessons
 
 START_TIMEOUT = 90  # seconds; a busy two-core machine starts JupyterLab slowly
@@ -46,27 +47,13 @@ def _fetch(url: str, token: str | None = None) -> tuple[int, str, str]:
         return err.code, err.headers.get("Location", ""), ""
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _require(condition: bool, reason: str) -> None:
-    if condition:
-        return
-    if os.environ.get("MHA_COURSE_REQUIRE_BROWSER") == "1":
-        pytest.fail(f"MHA_COURSE_REQUIRE_BROWSER=1 but {reason}", pytrace=False)
-    pytest.skip(reason)
-
-
 @pytest.fixture
 def make_lab(tmp_path):
     """Start ``make lab``; yield (process, log path, port asked for); stop its process group."""
     venv = Path(sys.prefix)
-    _require(shutil.which("make") is not None, "make is not installed")
-    _require((venv / "bin" / "jupyter").is_file(), f"no jupyter in {venv}/bin")
-    port = _free_port()
+    require(shutil.which("make") is not None, "make is not installed")
+    require((venv / "bin" / "jupyter").is_file(), f"no jupyter in {venv}/bin")
+    port = free_port()
     env = {**os.environ, "BROWSER": "true"}  # webbrowser would start a real one
     for name in ("JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR",
                  "JUPYTERLAB_SETTINGS_DIR", "JUPYTERLAB_WORKSPACES_DIR"):
