@@ -41,14 +41,14 @@ lab: $(VENV)/.installed
 	    --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/notebooks
 
 # The instructors' app: notebooks/app.ipynb served by Voila without its code cells, the four widgets
-# in tabs. mha_course/voila_app holds Voila's settings (voila.json: 127.0.0.1 only, no retrying
-# other ports, a Content-Security-Policy that keeps the page on this server) and the page template
-# (Voila's, without its CDN links), found through JUPYTER_PATH. A fresh token at every start: the
+# in tabs. mha_course/widgets/voila_app holds Voila's settings (voila.json: 127.0.0.1 only, no
+# retrying other ports, a Content-Security-Policy that keeps the page on this server) and the page
+# template (Voila's, without its CDN links), found through JUPYTER_PATH. A fresh token at every start: the
 # URL is printed. One kernel per visitor. Ctrl-C stops the server and its kernels.
 APP_PORT ?= 8866
 app: $(VENV)/.installed-app
-	JUPYTER_PATH="$(CURDIR)/mha_course/voila_app$(if $(JUPYTER_PATH),:$(JUPYTER_PATH))" \
-	$(BIN)/voila notebooks/app.ipynb --Voila.config_file_paths="$(CURDIR)/mha_course/voila_app" \
+	JUPYTER_PATH="$(CURDIR)/mha_course/widgets/voila_app$(if $(JUPYTER_PATH),:$(JUPYTER_PATH))" \
+	$(BIN)/voila notebooks/app.ipynb --Voila.config_file_paths="$(CURDIR)/mha_course/widgets/voila_app" \
 	    --port=$(APP_PORT) --token --Voila.log_level=INFO
 
 # ruff lints the notebooks' code cells too (lessons, solutions, generated exercises).

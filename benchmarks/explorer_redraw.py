@@ -33,10 +33,10 @@ import time
 import numpy as np
 from PIL import Image
 
-from mha_course.explorer import FIGSIZE, TOKENS, WIDGET_DPI, draw_explorer, explorer
-from mha_course.plotting import figure_png, plot_heads
-from mha_course.stepper import DPI as STEPPER_DPI
-from mha_course.stepper import MASKS, draw_stepper
+from mha_course.widgets.explorer import FIGSIZE, TOKENS, WIDGET_DPI, draw_explorer, explorer
+from mha_course.widgets.plotting import figure_png, plot_heads
+from mha_course.widgets.stepper import DPI as STEPPER_DPI
+from mha_course.widgets.stepper import MASKS, draw_stepper
 
 TARGET_S = 0.3
 

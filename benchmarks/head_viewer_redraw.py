@@ -25,9 +25,9 @@ import time
 
 import numpy as np
 
-from mha_course.head_viewer import HeadViewPainter, draw_head_view, figure_png
-from mha_course.tasks import VOCAB, make_batch
-from mha_course.tiny_model import TinyTransformer
+from mha_course.models.tasks import VOCAB, make_batch
+from mha_course.models.tiny_model import TinyTransformer
+from mha_course.widgets.head_viewer import HeadViewPainter, draw_head_view, figure_png
 
 TARGET_S = 0.3
 REPEATS = 7

@@ -216,8 +216,8 @@ def run_rolling(ns, rng, window=128) -> dict:
 
 
 def run_widget_redraw() -> float:
-    from mha_course.cache_memory import draw_cache_memory, preset
-    from mha_course.explorer import figure_png
+    from mha_course.widgets.cache_memory import draw_cache_memory, preset
+    from mha_course.widgets.explorer import figure_png
 
     times = bench.best_times({
         name: (lambda name=name: figure_png(draw_cache_memory(**preset(name), seq_len=131072,

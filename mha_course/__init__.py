@@ -3,6 +3,22 @@
 The helper package of the course: each module implements one concept exactly as its lesson
 teaches it (the module docstring names the lesson). Lessons write each concept inline, show it
 equals the function here, and import it from then on. The README has a map of the modules.
+
+The package is in wings, and imports point down this list:
+
+- ``mha_course.widgets``: what draws (plots, the stepper, explorer, tile stepper, cache-memory
+  calculator, head viewer, the app); may import everything below;
+- ``mha_course.grading`` and ``mha_course.checks``: what judges (the checker, its sandbox and
+  reports; one check module per lesson); may import the models and the attention;
+- ``mha_course.models``: what learns (tasks, the tiny model, training, specialisation scores,
+  shipped weights); may import the attention;
+- the top level, here: the attention itself, what lessons 01 to 07 teach (softmax, masks, heads,
+  positions, the block, the layer, caches, MLA, tiled and linear attention, costs, real
+  configurations); NumPy only.
+
+This ``__init__`` re-exports the names the lessons use, from the top level and from the models
+wing (``TinyTransformer``, ``make_batch``); the widgets are imported from ``mha_course.widgets``,
+so ``import mha_course`` never loads matplotlib.
 """
 
 from .attention import (
@@ -18,13 +34,13 @@ from .heads import merge_heads, split_heads
 from .kv_cache import KVCache
 from .linear_attention import elu_feature_map, linear_attention
 from .mla import LatentCache, MultiHeadLatentAttention
+from .models.tasks import make_batch
+from .models.tiny_model import TinyTransformer
 from .multihead import MultiHeadAttention
 from .paged_cache import PagedKVCache
 from .positions import alibi_bias, alibi_slopes, apply_rope, rope_permutation, sinusoidal_positions
 from .softmax import log_softmax, logsumexp, softmax
-from .tasks import make_batch
 from .tiled import tiled_attention
-from .tiny_model import TinyTransformer
 
 __all__ = [
     "KVCache",

@@ -1,5 +1,8 @@
 """Input validation: the one helper every public function uses to refuse bad input.
 
+Used by every lesson from ``notebooks/01_matmul.ipynb`` on: whatever a lesson calls with a wrong
+shape answers in this one style.
+
 (Named "validate", not "check": in this course a *check* is an exercise check,
 :mod:`mha_course.checks`, or the ``check`` command that grades notebooks.)
 

@@ -16,13 +16,13 @@ import ipywidgets as widgets
 import pytest
 from traitlets.config.loader import PyFileConfigLoader
 
-from mha_course import app as app_module
-from mha_course import cache_memory, explorer, head_viewer, stepper
-from mha_course.app import SECTIONS, START, course_app, start_summaries, tab_title
-from mha_course.trained_models import load_models
+from mha_course.models.trained_models import load_models
+from mha_course.widgets import app as app_module
+from mha_course.widgets import cache_memory, explorer, head_viewer, stepper
+from mha_course.widgets.app import SECTIONS, START, course_app, start_summaries, tab_title
 
 ROOT = Path(__file__).resolve().parents[1]
-VOILA_APP = ROOT / "mha_course" / "voila_app"
+VOILA_APP = ROOT / "mha_course" / "widgets" / "voila_app"
 WIDGET_MODULES = {"stepper": stepper, "explorer": explorer, "cache memory": cache_memory,
                   "head viewer": head_viewer}
 
@@ -207,8 +207,8 @@ def test_make_app_serves_the_app_notebook_with_these_settings():
     makefile = (ROOT / "Makefile").read_text()
     recipe = makefile.split("\napp:", 1)[1].split("\n\n", 1)[0]
     assert "voila notebooks/app.ipynb" in recipe
-    assert 'JUPYTER_PATH="$(CURDIR)/mha_course/voila_app' in recipe  # where the template is
-    assert '--Voila.config_file_paths="$(CURDIR)/mha_course/voila_app"' in recipe
+    assert 'JUPYTER_PATH="$(CURDIR)/mha_course/widgets/voila_app' in recipe  # where the template is
+    assert '--Voila.config_file_paths="$(CURDIR)/mha_course/widgets/voila_app"' in recipe
     assert re.search(r"--token\b(?!=)", recipe), "make app must generate a token"
     assert "--Voila.log_level=INFO" in recipe  # prints the URL with its token
 

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from mha_course import kv_cache_bytes, mla_cache_bytes
-from mha_course.cache_memory import (
+from mha_course.model_configs import MODELS, cache_bytes
+from mha_course.widgets.cache_memory import (
     DTYPES,
     FIGSIZE,
     SEQ_LENS,
@@ -17,7 +18,6 @@ from mha_course.cache_memory import (
     preset,
     summary_line,
 )
-from mha_course.model_configs import MODELS, cache_bytes
 
 
 def bar_widths(fig):

@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 import mha_course
-from mha_course.explorer import (
+from mha_course.widgets.explorer import (
     FIGSIZE,
     WIDGET_DPI,
     colour_top,
@@ -21,7 +21,7 @@ from mha_course.explorer import (
     summary_line,
     toy_embeddings,
 )
-from mha_course.plotting import TOKENS, figure_png
+from mha_course.widgets.plotting import TOKENS, figure_png
 
 T = len(TOKENS)
 

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from mha_course import causal_mask, softmax
-from mha_course.head_viewer import (
+from mha_course.models.tasks import make_batch
+from mha_course.models.tiny_model import TinyTransformer
+from mha_course.widgets.head_viewer import (
     FIGSIZE,
     MIN_WEIGHT,
     WIDGET_DPI,
@@ -17,8 +19,6 @@ from mha_course.head_viewer import (
     head_viewer,
     summary_line,
 )
-from mha_course.tasks import make_batch
-from mha_course.tiny_model import TinyTransformer
 
 T = 7
 LABELS = list("abc>abc")

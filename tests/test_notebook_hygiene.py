@@ -85,3 +85,43 @@ def test_make_lint_runs_ruff_on_the_notebooks_too():
     excluded = re.findall(r"^(?:extend-)?exclude\s*=\s*\[(.*?)\]", pyproject, re.MULTILINE | re.S)
     for folder in ("notebooks", "solutions", "exercises"):
         assert not any(folder in block for block in excluded), f"ruff excludes {folder}/"
+
+
+LINK = re.compile(
+    r"\]\(((?:\.\./)?(?:notebooks/|exercises/|solutions/)?\d\d_\w+\.ipynb)(?:#[^)]*)?\)")
+
+
+def _links(text: str) -> list[str]:
+    return LINK.findall(text)
+
+
+def test_every_link_to_a_lesson_or_exercise_notebook_points_to_one_that_exists():
+    """The course may have gaps in its numbering (wave 3 moved the drill to 13 before lessons 09
+    to 12 arrived), but nothing may point to a notebook that does not exist."""
+    missing = []
+    for path in NOTEBOOKS:
+        nb = nbformat.read(ROOT / path, as_version=4)
+        for i, cell in enumerate(nb.cells):
+            if cell.cell_type != "markdown":
+                continue
+            for link in _links(cell.source):
+                if not ((ROOT / path).parent / link).resolve().is_file():
+                    missing.append(f"{path} cell {i}: {link}")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for name in re.findall(r"`((?:notebooks|exercises|solutions)/\d\d_\w+\.ipynb)`", readme):
+        if not (ROOT / name).is_file():
+            missing.append(f"README.md: {name}")
+    assert not missing, "links to notebooks that do not exist: " + "; ".join(missing)
+
+
+def test_the_link_check_sees_a_missing_lesson():
+    assert _links("see [lesson 09](09_tiny_gpt.ipynb#3-training) and "
+                  "[the drill](../exercises/13_interview_drill.ipynb)") == [
+        "09_tiny_gpt.ipynb", "../exercises/13_interview_drill.ipynb"]
+
+
+def test_each_lesson_ends_with_a_link_to_the_following_lesson_that_exists():
+    for here, after in zip(LESSONS, LESSONS[1:], strict=False):
+        last = nbformat.read(ROOT / here, as_version=4).cells[-1].source
+        assert Path(after).name in _links(last), (
+            f"{here}: its last cell should link the next lesson, {Path(after).name}")

@@ -8,6 +8,7 @@ PyYAML is not needed; when PyYAML happens to be installed the reader is checked 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -145,7 +146,7 @@ def test_each_core_module_names_the_lesson_that_teaches_it(module):
 def package_map() -> dict[str, tuple[str, list[str]]]:
     """README's "Map of the package": {path: (lesson, [test files])}."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text.split("### Map of the package", 1)[1].split("\n#", 1)[0]
+    section = text.split("### Map of the package", 1)[1].split("\n## ", 1)[0]
     rows = {}
     for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -154,14 +155,91 @@ def package_map() -> dict[str, tuple[str, list[str]]]:
     return rows
 
 
+#: The package's wings, in the order imports point: a module may import its own wing and the
+#: wings after it in this list, never one before it (the top level, "", is the attention itself).
+WINGS = ["widgets", "grading", "checks", "models", ""]
+#: Wings mapped module by module in the README; the others appear as one row each.
+MAPPED_WINGS = ["models", "widgets"]
+
+
 def package_units() -> dict[str, Path]:
-    """Each top-level module of the package, and each sub-package as one unit."""
+    """Each top-level module, each module of the mapped wings, and each other sub-package."""
     pkg = ROOT / "mha_course"
     units = {f"mha_course/{p.name}": p for p in pkg.glob("*.py")
              if p.name not in ("__init__.py", "__main__.py")}
+    for wing in MAPPED_WINGS:
+        units.update({f"mha_course/{wing}/{p.name}": p for p in (pkg / wing).glob("*.py")
+                      if p.name != "__init__.py"})
     units.update({f"mha_course/{p.name}/": p / "__init__.py" for p in pkg.iterdir()
-                  if (p / "__init__.py").is_file()})
+                  if (p / "__init__.py").is_file() and p.name not in MAPPED_WINGS})
     return units
+
+
+def wing_of(module: str) -> str:
+    """``mha_course.models.gpt`` -> ``models``; a top-level module -> ``""``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 and parts[1] in WINGS else ""
+
+
+def package_imports():
+    """(importing module, imported module) for every import between package modules."""
+    import ast
+
+    pkg = ROOT / "mha_course"
+    for path in sorted(pkg.rglob("*.py")):
+        if "voila_app" in path.parts or path.name in ("__init__.py", "__main__.py"):
+            continue  # an __init__ only re-exports, __main__ is the command line's entry point,
+            # voila.py is Voila's settings file
+        rel = path.relative_to(ROOT).with_suffix("")
+        module = ".".join(rel.parts)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = module.split(".")[: -node.level]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                names = [f"{target}.{a.name}" for a in node.names]
+                targets = [n if (ROOT / Path(*n.split("."))).with_suffix(".py").is_file()
+                           or (ROOT / Path(*n.split("."))).is_dir() else target for n in names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            for target in targets:
+                if target.split(".")[0] == "mha_course":
+                    yield module, target
+
+
+def test_imports_point_down_the_wings():
+    """widgets -> grading -> checks -> models -> the attention: never the other way."""
+    rank = {wing: i for i, wing in enumerate(WINGS)}
+    up = [f"{src} imports {dst}" for src, dst in package_imports()
+          if rank[wing_of(dst)] < rank[wing_of(src)]]
+    assert not up, "imports pointing up the wings: " + "; ".join(up)
+
+
+def test_the_import_check_sees_imports_that_point_up():
+    assert wing_of("mha_course.models.gpt") == "models"
+    assert wing_of("mha_course.attention") == ""
+    assert wing_of("mha_course.widgets") == ""  # the wing's __init__ is only a re-export
+    pairs = list(package_imports())
+    assert ("mha_course.widgets.app", "mha_course.models.tasks") in pairs  # down: allowed
+    assert any(src.startswith("mha_course.models.") and wing_of(dst) == ""
+               for src, dst in pairs)
+
+
+def test_every_wing_says_what_lives_there_and_what_it_may_import():
+    for wing in WINGS[:-1]:
+        doc = (ROOT / "mha_course" / wing / "__init__.py").read_text(encoding="utf-8")
+        doc = doc.split('"""')[1]
+        assert "import" in doc, f"mha_course/{wing}/__init__.py does not say what it may import"
+
+
+def lesson_named(doc: str) -> str:
+    """The lesson a docstring names first ("03", "app"), or "—" when it names none."""
+    match = re.search(r"``notebooks/(\d\d)_\w+\.ipynb``|``notebooks/(app)\.ipynb``", doc)
+    return (match.group(1) or match.group(2)) if match else "—"
 
 
 def test_readme_map_lists_every_module_with_its_lesson_and_tests():
@@ -169,11 +247,16 @@ def test_readme_map_lists_every_module_with_its_lesson_and_tests():
     assert sorted(rows) == sorted(units), "README's map and the package's modules differ"
     for path, (lesson, tests) in rows.items():
         doc = units[path].read_text(encoding="utf-8").split('"""')[1]
-        match = re.search(r"Taught in ``notebooks/(\d\d)_\w+\.ipynb``", doc)
-        assert (match.group(1) if match else "—") == lesson, f"{path}: README says {lesson}"
+        if path.endswith("/"):  # checks/ and grading/ serve every lesson
+            assert lesson in ("—", lesson_named(doc)), f"{path}: README says {lesson}"
+        else:
+            assert lesson_named(doc) == lesson, f"{path}: README says {lesson}"
+        match = re.search(r"``notebooks/(\d\d_\w+\.ipynb|app\.ipynb)``", doc)
         if match:
-            named = re.search(r"Taught in ``notebooks/(\d\d_\w+\.ipynb)``", doc).group(1)
+            named = match.group(1)
             assert (ROOT / "notebooks" / named).is_file(), f"{path}: its lesson {named} is missing"
+        elif not path.endswith("/"):
+            raise AssertionError(f"{path}: its docstring names no lesson")
         assert tests, f"{path}: no test file in README's map"
         for test in tests:
             assert (ROOT / "tests" / test).is_file(), f"{path}: {test} does not exist"
@@ -227,3 +310,42 @@ def test_missing_torch_fails_parity_tests_when_ci_requires_it(project_without_to
     assert result.returncode != 0, result.stdout + result.stderr
     assert "MHA_COURSE_REQUIRE_TORCH=1" in result.stdout
     assert "skipped" not in result.stdout
+
+
+# ------------------------------------------------------------------ the README's lesson path
+def reading_minutes(path: Path) -> int:
+    """The README's estimate of a lesson's time: 120 words a minute of its text and half a minute
+    per code cell, rounded to 5 minutes."""
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    words = sum(len(re.findall(r"\w+", "".join(c["source"]))) for c in nb["cells"]
+                if c["cell_type"] == "markdown")
+    code = sum(c["cell_type"] == "code" for c in nb["cells"])
+    return 5 * round((words / 120 + code / 2) / 5)
+
+
+def readme_lessons() -> dict[str, tuple[int, int]]:
+    """{lesson file: (minutes, exercises)} from the README's lesson tables."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("## The lessons", 1)[1].split("\n## ", 1)[0]
+    return {m[0]: (int(m[1]), int(m[2])) for m in re.findall(
+        r"^\| `notebooks/(\d\d_\w+\.ipynb)` \|.*\| (\d+) min \+ (\d+) exercises \|$",
+        section, flags=re.M)}
+
+
+def test_readme_lists_every_lesson_in_order_with_its_time_and_exercises():
+    listed = readme_lessons()
+    lessons = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    assert list(listed) == lessons, "the README's lesson tables and notebooks/ differ"
+    for name, (minutes, exercises) in listed.items():
+        estimate = reading_minutes(ROOT / "notebooks" / name)
+        assert abs(minutes - estimate) <= 10, f"{name}: README says {minutes} min, about {estimate}"
+        solution = json.loads((ROOT / "solutions" / name).read_text(encoding="utf-8"))
+        ids = {c["metadata"]["mha_course"]["exercise"] for c in solution["cells"]
+               if "exercise" in c.get("metadata", {}).get("mha_course", {})}
+        assert exercises == len(ids), f"{name}: README says {exercises} exercises, not {len(ids)}"
+
+
+def test_readme_groups_the_lessons_into_the_course_parts():
+    text = (ROOT / "README.md").read_text(encoding="utf-8").split("## The lessons", 1)[1]
+    for part in ("Part I", "Part II", "Part III", "interview drill (13)"):
+        assert part in text.split("\n## ", 1)[0], f"the lesson path has no {part}"

@@ -4,7 +4,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
-from mha_course.plotting import (
+from mha_course.widgets.plotting import (
     HEADS_FIGSIZE,
     TOKENS,
     grid_shape,

@@ -1,19 +1,19 @@
-"""Pattern scores and ablations of lesson 08 (``mha_course.specialisation``)."""
+"""Pattern scores and ablations of lesson 08 (``mha_course.models.specialisation``)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from mha_course.specialisation import (
+from mha_course.models.specialisation import (
     PATTERNS,
     ablation_table,
     pattern_keys,
     pattern_score,
     pattern_scores,
 )
-from mha_course.tasks import encode, make_batch
-from mha_course.tiny_model import TinyTransformer
+from mha_course.models.tasks import encode, make_batch
+from mha_course.models.tiny_model import TinyTransformer
 
 COPY, REVERSE = encode("dkfa>dkfa.."), encode("dkfa<afkd..")  # n = 4, T = 11
 

@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from mha_course import causal_mask, scaled_dot_product_attention, softmax
-from mha_course.stepper import (
+from mha_course.widgets.stepper import (
     FIGSIZE,
     MASKS,
     STEPPER_LENGTH,

@@ -1,11 +1,12 @@
-"""The synthetic tasks of lesson 08 (``mha_course.tasks``): what a batch holds, and bad input."""
+"""The synthetic tasks of lesson 08 (``mha_course.models.tasks``): what a batch holds, and bad
+input."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from mha_course.tasks import DELIMITERS, PAD_ID, SYMBOLS, VOCAB, decode, encode, make_batch
+from mha_course.models.tasks import DELIMITERS, PAD_ID, SYMBOLS, VOCAB, decode, encode, make_batch
 
 
 @pytest.mark.parametrize("task", ["copy", "reverse"])

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from mha_course import causal_mask, logsumexp, scaled_dot_product_attention
-from mha_course.tile_stepper import (
+from mha_course.widgets.tile_stepper import (
     draw_tile_step,
     example_qkv,
     step_state,

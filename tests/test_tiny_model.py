@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 from mha_course import gradient_check
-from mha_course.specialisation import ablation_table, pattern_scores
-from mha_course.tasks import VOCAB, make_batch
-from mha_course.tiny_model import TinyTransformer, accuracy, cross_entropy
-from mha_course.train import train
+from mha_course.models.specialisation import ablation_table, pattern_scores
+from mha_course.models.tasks import VOCAB, make_batch
+from mha_course.models.tiny_model import TinyTransformer, accuracy, cross_entropy
+from mha_course.models.train import train
 
 SETTINGS = {"copy": 11, "reverse": 8}  # task -> n_max, as in the lesson
 SEEDS = (0, 1, 2)

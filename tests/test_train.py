@@ -1,14 +1,14 @@
-"""Adam and the training loop of lesson 08 (``mha_course.train``), apart from the training claims
-(those are in ``tests/test_tiny_model.py``)."""
+"""Adam and the training loop of lesson 08 (``mha_course.models.train``), apart from the training
+claims (those are in ``tests/test_tiny_model.py``)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from mha_course.tasks import VOCAB
-from mha_course.tiny_model import TinyTransformer
-from mha_course.train import Adam, adam_step, train
+from mha_course.models.tasks import VOCAB
+from mha_course.models.tiny_model import TinyTransformer
+from mha_course.models.train import Adam, adam_step, train
 
 
 def test_adam_step_is_kingma_and_ba_algorithm_1_and_changes_no_input():

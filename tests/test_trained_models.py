@@ -1,6 +1,6 @@
-"""The head viewer's shipped models (``mha_course/trained_models.npz``): they match the recipe in
-the code, they do what lesson 08 says trained models do, and training again with the recipe gives
-models whose heads do the same.
+"""The head viewer's shipped models (``mha_course/models/trained_models.npz``): they match the
+recipe in the code, they do what lesson 08 says trained models do, and training again with the
+recipe gives models whose heads do the same.
 
 Lesson 08 says that training is deterministic on one machine and that other machines (other BLAS
 builds) may differ in the second decimal of a pattern score; the retraining test therefore
@@ -15,8 +15,8 @@ import json
 import numpy as np
 import pytest
 
-from mha_course.specialisation import pattern_scores
-from mha_course.trained_models import (
+from mha_course.models.specialisation import pattern_scores
+from mha_course.models.trained_models import (
     RECIPE,
     WEIGHTS,
     build_model,
@@ -102,7 +102,8 @@ def test_a_file_of_another_recipe_is_refused_with_the_command_that_rewrites_it(t
     path = save_models({task: build_model(task, other) for task in other},
                        tmp_path / "old.npz", recipe=other)
     with pytest.raises(ValueError, match=r"load_models: old\.npz was trained with the recipe "
-                                         r".*'steps': 301.*python -m mha_course\.trained_models"):
+                                         r".*'steps': 301.*"
+                                         r"python -m mha_course\.models\.trained_models"):
         load_models(path)
 
 

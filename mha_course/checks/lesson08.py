@@ -3,8 +3,8 @@
 The lesson is ``notebooks/08_learning.ipynb``; each ``check_*`` is called by an exercise's check
 cell (see :mod:`mha_course.checks`). The references come from the package at check time:
 :func:`mha_course.backward.softmax_jacobian`, :func:`mha_course.backward.attention_backward`,
-:func:`mha_course.gradient_check`, :func:`mha_course.train.adam_step` and
-:func:`mha_course.specialisation.pattern_score`.
+:func:`mha_course.gradient_check`, :func:`mha_course.models.train.adam_step` and
+:func:`mha_course.models.specialisation.pattern_score`.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import numpy as np
 
 from .. import causal_mask, gradient_check, scaled_dot_product_attention, softmax
 from ..backward import attention_backward, softmax_jacobian
-from ..specialisation import pattern_score
-from ..train import adam_step
+from ..models.specialisation import pattern_score
+from ..models.train import adam_step
 from .harness import call, compare, fail, fmt, fmt_shape, passed
 
 __all__ = [
@@ -250,8 +250,8 @@ def check_adam_step(fn) -> None:
         args = (param, grad, m, v, t, lr, beta1, beta2, eps)
         want = adam_step(*args)
         got = call(ex, fn, args, ("param", "grad", "m", "v", "t", "lr", "beta1", "beta2", "eps"),
-                   forbid={"mha_course.train.adam_step": "write the Adam update yourself",
-                           "mha_course.train.Adam": "write the Adam update yourself"})
+                   forbid={"mha_course.models.train.adam_step": "write the Adam update yourself",
+                           "mha_course.models.train.Adam": "write the Adam update yourself"})
         if not isinstance(got, tuple) or len(got) != 3:
             raise fail(ex, f"your function returned {type(got).__name__}; expected a tuple "
                            "(param, m, v) of new arrays")
@@ -280,8 +280,8 @@ def check_adam_step(fn) -> None:
                  "gradient m̂ by √v̂", var("sgd")),
             ]],
         )
-    passed(ex, "param, m and v match mha_course.train.adam_step at t = 1, 3 and 5, with three "
-               "settings of lr, β1, β2 and ε")
+    passed(ex, "param, m and v match mha_course.models.train.adam_step at t = 1, 3 and 5, with "
+               "three settings of lr, β1, β2 and ε")
 
 
 # ---------------------------------------------------------------------------------- 08.5
@@ -335,6 +335,6 @@ def check_previous_token_score(fn) -> None:
                                                                        "queries (axis -1)"},
             props=[in_unit_interval],
         )
-    passed(ex, "previous-token scores match mha_course.specialisation.pattern_score for random "
-               "weights (2, 5, 5) and (3, 7, 7), and are exactly 1 and 0 for a previous-token "
-               "head and a diagonal head")
+    passed(ex, "previous-token scores match mha_course.models.specialisation.pattern_score for "
+               "random weights (2, 5, 5) and (3, 7, 7), and are exactly 1 and 0 for a "
+               "previous-token head and a diagonal head")

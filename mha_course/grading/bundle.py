@@ -13,7 +13,7 @@ from pathlib import Path
 import nbformat
 
 from .generate import exercise_ids, load_solutions, stub_source
-from .notebooks import ExerciseError, id_key, info, lesson_of, notebook_text
+from .notebooks import ExerciseError, id_key, info, lesson_of, moved_message, notebook_text
 
 
 def build_bundle(ids, solutions, stub: bool = True):
@@ -29,6 +29,9 @@ def build_bundle(ids, solutions, stub: bool = True):
     wanted = []
     for exercise in ids:
         if exercise not in known:
+            moved = moved_message(exercise, known)
+            if moved:
+                raise ExerciseError(moved)
             raise ExerciseError(
                 f"unknown exercise {exercise!r}; known exercises: {' '.join(known) or '(none)'}"
             )

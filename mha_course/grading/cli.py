@@ -23,8 +23,16 @@ from pathlib import Path
 
 from .bundle import assign
 from .check import Checker
-from .generate import find_stale, generate
-from .notebooks import ExerciseError, course_root, notebook_text, read_notebook, sort_ids
+from .generate import exercise_ids, find_stale, generate, load_solutions
+from .notebooks import (
+    MOVED_LESSONS,
+    ExerciseError,
+    course_root,
+    moved_message,
+    notebook_text,
+    read_notebook,
+    sort_ids,
+)
 from .report import collect_submissions, combine, csv_text, format_result, summary_table
 from .run import DEFAULT_TIMEOUT
 from .sandbox import UNSANDBOXED
@@ -119,6 +127,10 @@ def lesson_notebook(value: str, root: Path | None = None) -> Path:
     example = f" (e.g. make check EX={lessons[0]})" if lessons else ""
     if not value:
         raise ExerciseError(f"which lesson? pass EX=NN, one of: {choices}{example}")
+    moved = MOVED_LESSONS.get(wanted)
+    if moved and moved[0] in lessons:
+        raise ExerciseError(f"lesson {wanted} has no exercise notebook: {moved[1]}, so its "
+                            f"exercises are checked with make check EX={moved[0]}")
     raise ExerciseError(f"no exercise notebook for lesson {value!r} in {folder}; the lessons "
                         f"are: {choices}{example}")
 
@@ -239,7 +251,13 @@ def _write_csv(path: Path, rows, columns=None) -> None:
 
 
 def _assign(args) -> int:
-    out = assign(args.ids, args.output, _solutions(args.solutions), force=args.force)
+    solutions = _solutions(args.solutions)
+    known = exercise_ids(load_solutions(solutions))
+    for exercise in sort_ids(x for x in args.ids if x in known):
+        note = moved_message(exercise, known)
+        if note:
+            print(note, file=sys.stderr)
+    out = assign(args.ids, args.output, solutions, force=args.force)
     print(f"wrote {out} with exercises {' '.join(sort_ids(args.ids))}")
     print(f"check it with: python -m mha_course check {out}")
     return 0

@@ -118,6 +118,48 @@ def lesson_of(exercise: str) -> str:
     return exercise.split(".")[0]
 
 
+#: Lessons whose exercises moved to another lesson number, with why. In wave 3 the interview
+#: drill moved from lesson 09 to lesson 13 (so that it stays the course's last stop), and its
+#: exercises 09.1 to 09.15 became 13.1 to 13.15.
+MOVED_LESSONS = {"09": ("13", "the interview drill moved from lesson 09 to lesson 13")}
+
+
+def moved_id(exercise: str) -> str | None:
+    """Where an exercise of a moved lesson lives now, or None.
+
+    >>> moved_id("09.3")
+    '13.3'
+    >>> moved_id("03.2") is None
+    True
+    """
+    lesson, _, number = exercise.partition(".")
+    if lesson in MOVED_LESSONS and number:
+        return f"{MOVED_LESSONS[lesson][0]}.{number}"
+    return None
+
+
+def moved_message(exercise: str, known) -> str | None:
+    """One line for an id that a saved command may still use from before a lesson moved.
+
+    For an id that no longer exists: "09.3 is now 13.3 (...)". For an id that exists again
+    in the lesson's new content, a note that it names a different exercise than it used to.
+    None when the id never moved or its new home does not exist.
+
+    >>> moved_message("09.3", ["13.3"])
+    '09.3 is now 13.3 (the interview drill moved from lesson 09 to lesson 13): pass 13.3'
+    >>> moved_message("09.3", ["09.3", "13.3"])
+    'note: 09.3 is an exercise of the new lesson 09; the drill exercise that was 09.3 is now 13.3'
+    """
+    new = moved_id(exercise)
+    if new is None or new not in known:
+        return None
+    lesson = lesson_of(exercise)
+    if exercise in known:
+        return (f"note: {exercise} is an exercise of the new lesson {lesson}; the drill exercise "
+                f"that was {exercise} is now {new}")
+    return f"{exercise} is now {new} ({MOVED_LESSONS[lesson][1]}): pass {new}"
+
+
 def id_key(exercise: str) -> tuple[int, int]:
     """Sort key of an exercise id, so that 01.10 comes after 01.9."""
     lesson, number = exercise.split(".")

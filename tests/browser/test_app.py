@@ -43,14 +43,14 @@ import nbformat
 import pytest
 
 from mha_course import param_count
-from mha_course.app import SECTIONS, START, head_view_inputs, start_summaries, tab_title
-from mha_course.cache_memory import draw_cache_memory, preset
-from mha_course.cache_memory import summary_line as cache_line
 from mha_course.grading.run import descendants
-from mha_course.head_viewer import draw_head_view
-from mha_course.head_viewer import summary_line as head_line
-from mha_course.stepper import draw_stepper, stepper_summary_line
-from mha_course.trained_models import held_out, load_models
+from mha_course.models.trained_models import held_out, load_models
+from mha_course.widgets.app import SECTIONS, START, head_view_inputs, start_summaries, tab_title
+from mha_course.widgets.cache_memory import draw_cache_memory, preset
+from mha_course.widgets.cache_memory import summary_line as cache_line
+from mha_course.widgets.head_viewer import draw_head_view
+from mha_course.widgets.head_viewer import summary_line as head_line
+from mha_course.widgets.stepper import draw_stepper, stepper_summary_line
 
 from .conftest import free_port, new_tab, require, require_browser
 from .labdriver import REPO

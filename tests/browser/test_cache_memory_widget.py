@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from mha_course.cache_memory import draw_cache_memory, preset, summary_line
+from mha_course.widgets.cache_memory import draw_cache_memory, preset, summary_line
 
 from .labdriver import lessons, panel_id
 

@@ -7,7 +7,7 @@ would attend to. A head's score for the pattern is the mean attention weight it 
 over every such query of every example: 1 for a head that always does exactly this, about
 ``1 / (number of keys it can see)`` for a head that spreads its weight evenly. The patterns, for
 a sequence of ``n`` symbols, its delimiter at position ``n`` and the answer after it
-(:mod:`mha_course.tasks`):
+(:mod:`mha_course.models.tasks`):
 
 ============== ================================ =================================================
 pattern        queries ``t``                    key
@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validate import fail, validate_shape
+from .._validate import fail, validate_shape
 
 __all__ = ["PATTERNS", "ablation_table", "pattern_keys", "pattern_score", "pattern_scores"]
 
@@ -68,7 +68,7 @@ def pattern_keys(tokens, lengths, pattern: str) -> np.ndarray:
 
     Examples
     --------
-    >>> from mha_course.tasks import encode
+    >>> from mha_course.models.tasks import encode
     >>> pattern_keys(encode("abc>abc")[None], np.array([3]), "induction").tolist()
     [[-1, -1, -1, -1, 1, 2, -1]]
     """
@@ -165,7 +165,7 @@ def pattern_scores(weights, tokens, lengths) -> dict[str, np.ndarray]:
 
     Examples
     --------
-    >>> from mha_course.tasks import encode
+    >>> from mha_course.models.tasks import encode
     >>> tokens = encode("abc>abc")[None]  # (1, 7)
     >>> previous = np.eye(7, k=-1)[None, None]  # (1, 1, 7, 7): one head on the previous token
     >>> {p: s.round(2).tolist() for p, s in pattern_scores(previous, tokens, [3]).items()}

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validate import fail, validate_positive_int
-from .attention import causal_mask
-from .heads import project
-from .multihead import MultiHeadAttention
-from .softmax import log_softmax
+from .._validate import fail, validate_positive_int
+from ..attention import causal_mask
+from ..heads import project
+from ..multihead import MultiHeadAttention
+from ..softmax import log_softmax
 
 __all__ = ["TinyTransformer", "accuracy", "cross_entropy", "head_label"]
 
@@ -277,7 +277,8 @@ class TinyTransformer:
         return {name: grads[name] for name in self.parameters()}
 
     def loss_and_grads(self, batch) -> tuple[float, dict[str, np.ndarray]]:
-        """Cross-entropy on a :class:`~mha_course.tasks.Batch` and every parameter's gradient."""
+        """Cross-entropy on a :class:`~mha_course.models.tasks.Batch`, and every parameter's
+        gradient."""
         logits, cache = self.forward(batch.tokens, return_cache=True)
         loss, dlogits = cross_entropy(logits, batch.targets, batch.weights)
         return loss, self.backward(dlogits, cache)

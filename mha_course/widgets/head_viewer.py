@@ -32,9 +32,9 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from PIL import Image
 
-from ._validate import fail
-from .tasks import VOCAB
-from .tiny_model import head_label
+from .._validate import fail
+from ..models.tasks import VOCAB
+from ..models.tiny_model import head_label
 
 #: Lines whose weight is below this are not drawn (they would be invisible anyway).
 MIN_WEIGHT = 0.02
@@ -324,7 +324,7 @@ def head_viewer(model, batch, vocab=VOCAB, *, extra_controls=()):
     batch : Batch
         A few examples (e.g. ``make_batch("copy", 8, rng=1)``); each is shown without its
         padding (its ``2n + 1`` positions).
-    vocab : sequence of str, default :data:`mha_course.tasks.VOCAB`
+    vocab : sequence of str, default :data:`mha_course.models.tasks.VOCAB`
         The label of every token id.
     extra_controls : sequence of ipywidgets.Widget, optional
         Put first in the row of the example and token menus (the app's model switch).

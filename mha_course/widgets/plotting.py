@@ -19,7 +19,7 @@ from matplotlib.cm import ScalarMappable
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 
-from ._validate import fail, validate_shape
+from .._validate import fail, validate_shape
 
 #: The example sentence of the source article, used by lessons 03 and 04 and the explorer.
 SENTENCE = "the animal didn't cross the street because it was too tired"

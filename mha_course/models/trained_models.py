@@ -1,14 +1,14 @@
 """Lesson 08's two tiny models, trained once and shipped, so the app's head viewer starts at once.
 
-The head viewer (:mod:`mha_course.head_viewer`) needs trained models. Lesson 08
+The head viewer (:mod:`mha_course.widgets.head_viewer`) needs trained models. Lesson 08
 (``notebooks/08_learning.ipynb``, §3.4) trains them in the notebook, a few seconds each. The app
-(:mod:`mha_course.app`, ``make app``) starts a fresh kernel for every visitor, and no visitor
-should wait for training, so the app loads these instead: the same two models, built and trained
-with the lesson's recipe (:data:`RECIPE`: two layers of two heads, ``d_model`` 32, model seed 0,
-300 steps of Adam on batch seed 0; the copy task on first halves of 3 to 11 symbols, the reverse
-task on 3 to 8). They were trained once by this module's script::
+(:mod:`mha_course.widgets.app`, ``make app``) starts a fresh kernel for every visitor, and no
+visitor should wait for training, so the app loads these instead: the same two models, built and
+trained with the lesson's recipe (:data:`RECIPE`: two layers of two heads, ``d_model`` 32, model
+seed 0, 300 steps of Adam on batch seed 0; the copy task on first halves of 3 to 11 symbols, the
+reverse task on 3 to 8). They were trained once by this module's script::
 
-    python -m mha_course.trained_models
+    python -m mha_course.models.trained_models
 
 which writes :data:`WEIGHTS` (``trained_models.npz`` beside this module, about 80 KB: every
 parameter in float32, the recipe as JSON, each model's held-out accuracy) and prints what it did.
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._validate import fail
+from .._validate import fail
 from .tasks import VOCAB, Batch, make_batch
 from .tiny_model import TinyTransformer
 from .train import train
@@ -48,7 +48,7 @@ WEIGHTS = Path(__file__).with_name("trained_models.npz")
 #: Seed of lesson 08's held-out batches (``make_batch(task, 512, rng=2024, n_max=...)``).
 HELD_OUT_SEED = 2024
 #: The command that writes :data:`WEIGHTS` (named in error messages).
-COMMAND = "python -m mha_course.trained_models"
+COMMAND = "python -m mha_course.models.trained_models"
 
 
 def _settings(func: str, task: str, recipe) -> dict:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validate import fail, validate_positive_int
+from .._validate import fail, validate_positive_int
 
 #: The symbols a sequence is made of (ids 0 .. 15).
 SYMBOLS = "abcdefghijklmnop"

@@ -1,10 +1,10 @@
-"""Lesson 09's drill: every broken function fails its check naming the property it breaks, the
+"""Lesson 13's drill: every broken function fails its check naming the property it breaks, the
 solution passes, and a fix that only hides the symptom fails.
 
-The broken functions and the solutions are read from ``solutions/09_interview_drill.ipynb``
+The broken functions and the solutions are read from ``solutions/13_interview_drill.ipynb``
 (the cells a learner sees), so what is tested is what is shipped. The generic contract (one
 stable success line, the stub passes through, ``None`` and exceptions fail) is tested by
-``tests/test_checks.py`` over :data:`CORRECT_09`.
+``tests/test_checks.py`` over :data:`CORRECT_13`.
 """
 
 from __future__ import annotations
@@ -20,19 +20,19 @@ from hypothesis import strategies as st
 
 import mha_course
 from mha_course import checks
-from mha_course.checks import CheckFailed, lesson09, lesson09_decoding, properties
+from mha_course.checks import CheckFailed, lesson13, lesson13_decoding, properties
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOK = ROOT / "solutions" / "09_interview_drill.ipynb"
+NOTEBOOK = ROOT / "solutions" / "13_interview_drill.ipynb"
 
 CHECKS = {
-    "09.1": "check_head_scale", "09.2": "check_causal_off_by_one",
-    "09.3": "check_mask_after_softmax", "09.4": "check_minus_inf_bias",
-    "09.5": "check_fully_masked_rows", "09.6": "check_merge_order",
-    "09.7": "check_output_width", "09.8": "check_dropout_scale", "09.9": "check_chunk_mask",
-    "09.10": "check_cache_reset", "09.11": "check_gqa_prefill", "09.12": "check_rope_values",
-    "09.13": "check_window_off_by_one", "09.14": "check_mla_cache_formula",
-    "09.15": "check_timed_build",
+    "13.1": "check_head_scale", "13.2": "check_causal_off_by_one",
+    "13.3": "check_mask_after_softmax", "13.4": "check_minus_inf_bias",
+    "13.5": "check_fully_masked_rows", "13.6": "check_merge_order",
+    "13.7": "check_output_width", "13.8": "check_dropout_scale", "13.9": "check_chunk_mask",
+    "13.10": "check_cache_reset", "13.11": "check_gqa_prefill", "13.12": "check_rope_values",
+    "13.13": "check_window_off_by_one", "13.14": "check_mla_cache_formula",
+    "13.15": "check_timed_build",
 }
 
 
@@ -57,24 +57,24 @@ def _define(source: str, prefix: str):
 
 
 CELLS = _cells()
-CORRECT_09 = {ex: (name, _define(CELLS[ex]["solution"], "")) for ex, name in CHECKS.items()}
+CORRECT_13 = {ex: (name, _define(CELLS[ex]["solution"], "")) for ex, name in CHECKS.items()}
 
 
 def test_the_notebook_has_every_exercise_and_every_check_is_exported():
     assert sorted(CELLS, key=lambda x: int(x.split(".")[1])) == list(CHECKS)
     assert set(CHECKS.values()) <= set(checks.__all__)
-    assert {n for n in lesson09.__all__ if n.startswith("check_")} == set(CHECKS.values())
-    assert all("broken" in CELLS[ex] for ex in CHECKS if ex != "09.15")
+    assert {n for n in lesson13.__all__ if n.startswith("check_")} == set(CHECKS.values())
+    assert all("broken" in CELLS[ex] for ex in CHECKS if ex != "13.15")
 
 
 # ------------------------------------------------------- the broken versions: property named
 BROKEN_PROPERTY = {
-    "09.1": properties.HEADS, "09.2": properties.SELF, "09.3": properties.SUMS,
-    "09.4": properties.FINITE, "09.5": properties.MASKED_ZERO, "09.6": properties.EQUIVARIANT,
-    "09.7": lesson09.FITS, "09.8": lesson09.EXPECTED, "09.9": properties.CACHED,
-    "09.10": lesson09_decoding.PROMPTS, "09.11": lesson09_decoding.GROUPS,
-    "09.12": lesson09_decoding.SHIFT, "09.13": lesson09_decoding.WINDOW,
-    "09.14": lesson09_decoding.MEASURED,
+    "13.1": properties.HEADS, "13.2": properties.SELF, "13.3": properties.SUMS,
+    "13.4": properties.FINITE, "13.5": properties.MASKED_ZERO, "13.6": properties.EQUIVARIANT,
+    "13.7": lesson13.FITS, "13.8": lesson13.EXPECTED, "13.9": properties.CACHED,
+    "13.10": lesson13_decoding.PROMPTS, "13.11": lesson13_decoding.GROUPS,
+    "13.12": lesson13_decoding.SHIFT, "13.13": lesson13_decoding.WINDOW,
+    "13.14": lesson13_decoding.MEASURED,
 }
 
 
@@ -99,14 +99,14 @@ def test_the_broken_cell_runs_and_diagnose_prints_the_same_property(ex, capsys):
 
 @pytest.mark.parametrize("ex", sorted(CHECKS))
 def test_the_solution_passes(ex, capsys):
-    name, fn = CORRECT_09[ex]
+    name, fn = CORRECT_13[ex]
     getattr(checks, name)(fn)
     assert capsys.readouterr().out.startswith(f"Exercise {ex} passed: ")
 
 
 def test_diagnose_prints_a_pass_line_for_a_right_answer(capsys):
-    checks.diagnose(checks.check_causal_off_by_one, CORRECT_09["09.2"][1])
-    assert capsys.readouterr().out.startswith("Exercise 09.2 passed: ")
+    checks.diagnose(checks.check_causal_off_by_one, CORRECT_13["13.2"][1])
+    assert capsys.readouterr().out.startswith("Exercise 13.2 passed: ")
 
 
 # ---------------------------------------------------- fixes that hide the symptom: still fail
@@ -283,35 +283,35 @@ def mla_rope_key_per_head(config, seq_len, batch=1, bytes_per_value=2):
     return config["num_hidden_layers"] * d * seq_len * batch * bytes_per_value
 
 
-P, L9, D9 = properties, lesson09, lesson09_decoding
+P, L9, D9 = properties, lesson13, lesson13_decoding
 WRONG_FIXES = [
-    ("09.1", heads_by_model_width_over_h, P.HEADS, r"√\(d_model / h\)"),
-    ("09.2", causal_tril_triu_swapped, P.CAUSAL, r"wrong way round \(tril and triu swapped"),
-    ("09.2", causal_first_row_patched, P.SELF, r"patching the first row"),
-    ("09.3", mask_then_renormalise, P.MASK_FREE, r"renormalising after the softmax"),
-    ("09.4", bias_nan_cleaned, P.SUMS, r"np.nan_to_num turns the NaN weights into 0"),
-    ("09.4", bias_minus_1e9, P.FINITE, r"-1e9 is -inf in float16"),
-    ("09.5", softmax_minus_inf, P.FINITE, r"-inf - \(-inf\) is NaN"),
-    ("09.5", softmax_minus_inf_cleaned, P.NO_NAN_INSIDE, None),
-    ("09.5", softmax_minus_1e30, P.MASKED_ZERO, None),
-    ("09.6", merge_swapping_axes_0_1, f"({re.escape(P.EQUIVARIANT)}|{re.escape(P.BATCH)})",
+    ("13.1", heads_by_model_width_over_h, P.HEADS, r"√\(d_model / h\)"),
+    ("13.2", causal_tril_triu_swapped, P.CAUSAL, r"wrong way round \(tril and triu swapped"),
+    ("13.2", causal_first_row_patched, P.SELF, r"patching the first row"),
+    ("13.3", mask_then_renormalise, P.MASK_FREE, r"renormalising after the softmax"),
+    ("13.4", bias_nan_cleaned, P.SUMS, r"np.nan_to_num turns the NaN weights into 0"),
+    ("13.4", bias_minus_1e9, P.FINITE, r"-1e9 is -inf in float16"),
+    ("13.5", softmax_minus_inf, P.FINITE, r"-inf - \(-inf\) is NaN"),
+    ("13.5", softmax_minus_inf_cleaned, P.NO_NAN_INSIDE, None),
+    ("13.5", softmax_minus_1e30, P.MASKED_ZERO, None),
+    ("13.6", merge_swapping_axes_0_1, f"({re.escape(P.EQUIVARIANT)}|{re.escape(P.BATCH)})",
      r"swaps batch and heads"),
-    ("09.7", init_square_w_o, L9.FITS, None),
-    ("09.7", init_w_o_cut_down, L9.XAVIER, r"drawn for a wider input"),
-    ("09.8", _dropout("times"), L9.EXPECTED, r"multiplied the survivors by 1 - p"),
-    ("09.8", _dropout("renormalise"), L9.EXPECTED, r"renormalising each row"),
-    ("09.8", _dropout("keep_with_p"), L9.DROPPED, r"kept each weight with probability p"),
-    ("09.9", chunk_without_mask, P.CAUSAL, r"saw the whole chunk.*no mask"),
-    ("09.9", chunk_last_row_only, P.CAUSAL, r"saw the whole chunk.*a \(1, S\) row of the buffer"),
-    ("09.10", _prompts(lambda t, pos: t), D9.PROMPTS, r"still holds the earlier prompts' keys"),
-    ("09.10", _prompts(lambda t, pos: 0), P.CACHED, r"as if it sat at position 0"),
-    ("09.11", gqa_caching_the_repeated_heads, D9.GQA_CACHE, r"cached the h repeated K/V heads"),
-    ("09.12", _rope(rotate=False), D9.ORDER, r"without RoPE on q and k"),
-    ("09.12", _rope(layout="half"), P.REFERENCE, r"transformers#25199"),
-    ("09.13", _window(lambda t, s, w: (s < t) & (s >= t - w)), P.SELF, None),
-    ("09.13", _window(lambda t, s, w: (s <= t) & (s > t - w + 1)), D9.WINDOW, None),
-    ("09.14", mla_two_latents, D9.MEASURED, r"LMCache PR #694"),
-    ("09.14", mla_rope_key_per_head, D9.MEASURED, r"shared by all heads"),
+    ("13.7", init_square_w_o, L9.FITS, None),
+    ("13.7", init_w_o_cut_down, L9.XAVIER, r"drawn for a wider input"),
+    ("13.8", _dropout("times"), L9.EXPECTED, r"multiplied the survivors by 1 - p"),
+    ("13.8", _dropout("renormalise"), L9.EXPECTED, r"renormalising each row"),
+    ("13.8", _dropout("keep_with_p"), L9.DROPPED, r"kept each weight with probability p"),
+    ("13.9", chunk_without_mask, P.CAUSAL, r"saw the whole chunk.*no mask"),
+    ("13.9", chunk_last_row_only, P.CAUSAL, r"saw the whole chunk.*a \(1, S\) row of the buffer"),
+    ("13.10", _prompts(lambda t, pos: t), D9.PROMPTS, r"still holds the earlier prompts' keys"),
+    ("13.10", _prompts(lambda t, pos: 0), P.CACHED, r"as if it sat at position 0"),
+    ("13.11", gqa_caching_the_repeated_heads, D9.GQA_CACHE, r"cached the h repeated K/V heads"),
+    ("13.12", _rope(rotate=False), D9.ORDER, r"without RoPE on q and k"),
+    ("13.12", _rope(layout="half"), P.REFERENCE, r"transformers#25199"),
+    ("13.13", _window(lambda t, s, w: (s < t) & (s >= t - w)), P.SELF, None),
+    ("13.13", _window(lambda t, s, w: (s <= t) & (s > t - w + 1)), D9.WINDOW, None),
+    ("13.14", mla_two_latents, D9.MEASURED, r"LMCache PR #694"),
+    ("13.14", mla_rope_key_per_head, D9.MEASURED, r"shared by all heads"),
 ]
 
 
@@ -332,7 +332,7 @@ def test_a_fix_that_calls_the_package_instead_is_refused():
     def run_prompts(layer, prompts):
         return [layer(x, mask=mha_course.causal_mask(len(x)))[0] for x in prompts]
 
-    with pytest.raises(CheckFailed, match=r"^Exercise 09.10 asks you to write the decoding loop"):
+    with pytest.raises(CheckFailed, match=r"^Exercise 13.10 asks you to write the decoding loop"):
         checks.check_cache_reset(run_prompts)
 
 
@@ -400,7 +400,7 @@ def test_a_build_without_gqa_passes_with_gqa_not_attempted(capsys):
     ("tile", r"8 query heads|4 K/V|2 K/V heads.*np.tile"),
 ])
 def test_the_interviewer_says_which_step_failed_and_why(slip, pattern):
-    with pytest.raises(CheckFailed, match=rf"^Exercise 09.15: .*{pattern}"):
+    with pytest.raises(CheckFailed, match=rf"^Exercise 13.15: .*{pattern}"):
         checks.check_timed_build(_build(slip))
 
 
@@ -416,7 +416,7 @@ def test_the_timed_build_refuses_the_package():
 
         return Attention()
 
-    with pytest.raises(CheckFailed, match=r"^Exercise 09.15 asks you to write attention from a "
+    with pytest.raises(CheckFailed, match=r"^Exercise 13.15 asks you to write attention from a "
                                           r"blank cell, with NumPy only"):
         checks.check_timed_build(build_attention)
 
@@ -437,7 +437,7 @@ def test_the_decode_step_may_change_its_cache_but_not_call_the_package():
 
         return Sneaky()
 
-    with pytest.raises(CheckFailed, match=r"^Exercise 09.15 asks you to .*mha_course.softmax"):
+    with pytest.raises(CheckFailed, match=r"^Exercise 13.15 asks you to .*mha_course.softmax"):
         checks.check_timed_build(sneaky)
 
 
@@ -484,11 +484,11 @@ def test_the_causal_fix_keeps_its_properties_on_any_shape_and_the_bug_never_does
                                                                                   seed):
     rng = np.random.default_rng(seed)
     q, k, v = rng.normal(size=(T, d_k)), rng.normal(size=(T, d_k)), rng.normal(size=(T, d_v))
-    weights = CORRECT_09["09.2"][1](q, k, v)[1]
+    weights = CORRECT_13["13.2"][1](q, k, v)[1]
     assert properties.self_weight_violation(weights) is None
     assert properties.row_sum_violation(weights) is None
     assert properties.masked_weight_violation(weights, mha_course.causal_mask(T)) is None
-    assert properties.self_weight_violation(_broken("09.2")(q, k, v)[1]) is not None
+    assert properties.self_weight_violation(_broken("13.2")(q, k, v)[1]) is not None
 
 
 @given(T=st.integers(1, 9), window=st.integers(1, 10), seed=st.integers(0, 2**32 - 1))
@@ -496,7 +496,7 @@ def test_the_window_fix_sees_exactly_the_window_and_the_bug_one_more(T, window, 
     rng = np.random.default_rng(seed)
     q, k, v = rng.normal(size=(T, 3)), rng.normal(size=(T, 3)), rng.normal(size=(T, 2))
     seen = np.arange(T) + 1
-    fixed = (CORRECT_09["09.13"][1](q, k, v, window)[1] > 0).sum(axis=-1)
-    broken = (_broken("09.13")(q, k, v, window)[1] > 0).sum(axis=-1)
+    fixed = (CORRECT_13["13.13"][1](q, k, v, window)[1] > 0).sum(axis=-1)
+    broken = (_broken("13.13")(q, k, v, window)[1] > 0).sum(axis=-1)
     np.testing.assert_array_equal(fixed, np.minimum(window, seen))
     np.testing.assert_array_equal(broken, np.minimum(window + 1, seen))

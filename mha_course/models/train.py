@@ -4,8 +4,8 @@ Taught in ``notebooks/08_learning.ipynb``.
 
 :func:`adam_step` is one update of Adam (Kingma & Ba, 2015) as a pure function, written as the
 paper's Algorithm 1; :class:`Adam` keeps its moments for a dict of parameters and updates them
-in place. :func:`train` draws a fresh batch of a task (:mod:`mha_course.tasks`) at every step,
-takes the gradients from the model's backward pass (:class:`~mha_course.tiny_model
+in place. :func:`train` draws a fresh batch of a task (:mod:`mha_course.models.tasks`) at every
+step, takes the gradients from the model's backward pass (:class:`~mha_course.models.tiny_model
 .TinyTransformer`, which reuses each attention layer's ``backward``) and records the loss and
 accuracy, with a ``tqdm`` progress bar (``tqdm.auto``: a widget in JupyterLab, text in a
 terminal).
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from ._validate import fail, validate_positive_int
+from .._validate import fail, validate_positive_int
 from .tasks import VOCAB, make_batch
 from .tiny_model import accuracy, cross_entropy
 
@@ -156,7 +156,7 @@ def train(model, task="mixed", steps=400, *, batch_size=64, lr=1e-2, cooldown=0.
         Seed of the training batches (the held-out batch uses ``seed + 1``; the model's own
         seed is separate).
     n_min, n_max : int
-        The range of sequence lengths (see :func:`~mha_course.tasks.make_batch`).
+        The range of sequence lengths (see :func:`~mha_course.models.tasks.make_batch`).
     eval_every, eval_size : int
         Score a fixed held-out batch of ``eval_size`` examples every ``eval_every`` steps.
     progress : bool, default True

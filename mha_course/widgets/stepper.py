@@ -14,7 +14,7 @@ live (a weight of 0.5 is half-way to full colour, not a faint tint), logarithmic
 unscaled scores (several times larger) still fit without clipping. Every cell also prints its
 number; −∞ (masked) is drawn grey.
 
-Three layers, as in :mod:`mha_course.explorer`:
+Three layers, as in :mod:`mha_course.widgets.explorer`:
 
 - :func:`attention_steps` computes the five arrays (the softmax and the weighted sum are the
   package's :func:`~mha_course.scaled_dot_product_attention`);
@@ -34,8 +34,8 @@ from matplotlib.cm import ScalarMappable
 from matplotlib.colors import ListedColormap, SymLogNorm
 from matplotlib.figure import Figure
 
-from ._validate import fail, validate_positive_int
-from .attention import causal_mask, padding_mask, scaled_dot_product_attention
+from .._validate import fail, validate_positive_int
+from ..attention import causal_mask, padding_mask, scaled_dot_product_attention
 from .plotting import figure_png
 
 #: The sentence the stepper attends over: four words padded to six positions.

@@ -8,7 +8,7 @@ for each query of the current block the running max ``m``, the running sum ``l``
 output so far, ``acc / l``, still is from the final output. The numbers come from the package's
 own loop (its ``on_tile`` report), not from a copy of it.
 
-Three layers, as in :mod:`mha_course.explorer`:
+Three layers, as in :mod:`mha_course.widgets.explorer`:
 
 - :func:`tile_states` runs the example and returns every tile's state;
 - :func:`step_state` picks one tile's numbers; :func:`draw_tile_step` is a pure function (no
@@ -25,10 +25,10 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from ._validate import fail, validate_positive_int
-from .attention import causal_mask, scaled_dot_product_attention
+from .._validate import fail, validate_positive_int
+from ..attention import causal_mask, scaled_dot_product_attention
+from ..tiled import tiled_attention
 from .explorer import figure_png
-from .tiled import tiled_attention
 
 #: The example: one head, T = S = 9 positions, d_k = 4, d_v = 3, fixed seed.
 T_EXAMPLE, D_K, D_V, SEED = 9, 4, 3, 7

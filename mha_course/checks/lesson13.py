@@ -1,4 +1,4 @@
-"""Checks for lesson 09's spot-the-bug drill (``solutions/09_interview_drill.ipynb``).
+"""Checks for lesson 13's spot-the-bug drill (``solutions/13_interview_drill.ipynb``).
 
 Each exercise hands the learner a broken function from a public bug report; its check runs the
 learner's fix against the property tests of :mod:`mha_course.checks.properties` and reports
@@ -6,7 +6,7 @@ the first property it breaks, by name, with the evidence (``Exercise 09.N: prope
 <property>. <evidence>``). The fix passes only when every property holds and the output equals
 the package's reference, computed now. A known wrong fix (one that hides the symptom) gets its
 likely mistake named as well (:mod:`mha_course.checks.variants`). The timed build, exercise
-09.15, lives in :mod:`mha_course.checks.timed_build`.
+13.15, lives in :mod:`mha_course.checks.timed_build`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from .harness import (
     pair,
     passed,
 )
-from .lesson09_decoding import (
+from .lesson13_decoding import (
     check_cache_reset,
     check_chunk_mask,
     check_gqa_prefill,
@@ -83,10 +83,10 @@ def _pair(ex, got, lead, T, S, d_v, label):
             array(ex, w, (*lead, T, S), f"your weights {label}", "(..., T, S)"))
 
 
-# ----------------------------------------------------------- 09.1 scaled by d_model, not d_k
+# ----------------------------------------------------------- 13.1 scaled by d_model, not d_k
 def check_head_scale(fn) -> None:
-    """Exercise 09.1: ``multi_head_attention(x, W_q, W_k, W_v, W_o, h)`` -> (out, weights)."""
-    ex, rng = "09.1", np.random.default_rng(901)
+    """Exercise 13.1: ``multi_head_attention(x, W_q, W_k, W_v, W_o, h)`` -> (out, weights)."""
+    ex, rng = "13.1", np.random.default_rng(901)
     for lead, T, d_model, h, d_k, d_v in (((2,), 5, 12, 3, 4, 6), ((), 4, 10, 2, 3, 5),
                                           ((1,), 3, 8, 4, 6, 2)):
         layer = MultiHeadAttention(d_model, h, d_k, d_v, rng=rng)
@@ -115,10 +115,10 @@ def _head_scale(ex, fn, layer, x):
     compare(ex, out, want_out, f"your output {label}", "(..., T, d_model)")
 
 
-# --------------------------------------------------------- 09.2 the causal triangle, off by one
+# --------------------------------------------------------- 13.2 the causal triangle, off by one
 def check_causal_off_by_one(fn) -> None:
-    """Exercise 09.2: ``causal_attention(q, k, v)`` -> (out, weights), T queries over T keys."""
-    ex, rng = "09.2", np.random.default_rng(902)
+    """Exercise 13.2: ``causal_attention(q, k, v)`` -> (out, weights), T queries over T keys."""
+    ex, rng = "13.2", np.random.default_rng(902)
     for lead, T, d_k, d_v in (((2,), 5, 4, 3), ((), 6, 3, 5), ((2, 1), 1, 2, 4)):
         _causal(ex, fn, rng, *_qkv(rng, lead, T, T, d_k, d_v))
     passed(ex, "each query sees itself and every earlier key, nothing later (T = 5, 6, 1)")
@@ -148,10 +148,10 @@ def _causal(ex, fn, rng, q, k, v):
     compare(ex, out, want_out, f"your output {label}", "(..., T, d_v)")
 
 
-# ------------------------------------------------------ 09.3 masking the weights, not the scores
+# ------------------------------------------------------ 13.3 masking the weights, not the scores
 def check_mask_after_softmax(fn) -> None:
-    """Exercise 09.3: ``masked_attention(q, k, v, mask)`` -> (out, weights)."""
-    ex, rng = "09.3", np.random.default_rng(903)
+    """Exercise 13.3: ``masked_attention(q, k, v, mask)`` -> (out, weights)."""
+    ex, rng = "13.3", np.random.default_rng(903)
     for lead, T, S, d_k, d_v in (((2,), 3, 5, 4, 6), ((), 4, 4, 3, 2)):
         mask = rng.random((*lead, T, S)) < 0.6
         mask[..., 0] |= ~mask.any(axis=-1)  # every query keeps a key
@@ -185,10 +185,10 @@ def _mask_after(ex, fn, rng, q, k, v, mask):
     compare(ex, out, want_out, f"your output {label}", "(..., T, d_v)")
 
 
-# ------------------------------------------------- 09.4 an additive mask built by multiplication
+# ------------------------------------------------- 13.4 an additive mask built by multiplication
 def check_minus_inf_bias(fn) -> None:
-    """Exercise 09.4: ``attention_with_bias(q, k, v, keep)``, keep a float 1.0/0.0 mask."""
-    ex, rng = "09.4", np.random.default_rng(904)
+    """Exercise 13.4: ``attention_with_bias(q, k, v, keep)``, keep a float 1.0/0.0 mask."""
+    ex, rng = "13.4", np.random.default_rng(904)
     for lead, T, S, d_k, d_v, dtype in (((2,), 3, 5, 4, 6, np.float64),
                                         ((), 4, 6, 3, 2, np.float64), ((), 3, 4, 4, 3, np.float16)):
         keep = rng.random((*lead, T, S)) < 0.6
@@ -227,10 +227,10 @@ def _bias(ex, fn, q, k, v, keep):
         raise fail(ex, f"your output {label} is not the float64 output to 2 decimals")
 
 
-# -------------------------------------------------- 09.5 a row with nothing to attend to
+# -------------------------------------------------- 13.5 a row with nothing to attend to
 def check_fully_masked_rows(fn) -> None:
-    """Exercise 09.5: ``masked_softmax(scores, valid_lens)``: scores (B, T, S), lengths (B,)."""
-    ex, rng = "09.5", np.random.default_rng(905)
+    """Exercise 13.5: ``masked_softmax(scores, valid_lens)``: scores (B, T, S), lengths (B,)."""
+    ex, rng = "13.5", np.random.default_rng(905)
     for B, T, S, lens in ((3, 2, 5, [5, 0, 2]), (2, 3, 4, [0, 3]), (2, 4, 3, [3, 1])):
         _empty_rows(ex, fn, rng.normal(size=(B, T, S)) * 2, np.array(lens))
     passed(ex, "valid_lens with 0s: masked keys get 0, an empty sequence gets 0s, never a NaN")
@@ -259,10 +259,10 @@ def _empty_rows(ex, fn, scores, lens):
     compare(ex, w, want, f"your weights {label}", "(B, T, S)")
 
 
-# ----------------------------------------------------- 09.6 merging heads: reshape, then transpose
+# ----------------------------------------------------- 13.6 merging heads: reshape, then transpose
 def check_merge_order(fn) -> None:
-    """Exercise 09.6: ``attention_layer(x, W_q, W_k, W_v, W_o, h)`` -> (out, weights)."""
-    ex, rng = "09.6", np.random.default_rng(906)
+    """Exercise 13.6: ``attention_layer(x, W_q, W_k, W_v, W_o, h)`` -> (out, weights)."""
+    ex, rng = "13.6", np.random.default_rng(906)
     for lead, T, d_model, h, d_k, d_v in (((), 5, 12, 3, 4, 2), ((2,), 4, 10, 3, 3, 5),
                                           ((3,), 3, 8, 2, 4, 6)):
         layer = MultiHeadAttention(d_model, h, d_k, d_v, rng=rng)
@@ -296,7 +296,7 @@ def _merge(ex, fn, rng, layer, x):
     compare(ex, out, layer(x)[0], f"your output {label}", "(..., T, d_model)")
 
 
-# ---------------------------------------------------------- 09.7 W_o's input width: h·d_v
+# ---------------------------------------------------------- 13.7 W_o's input width: h·d_v
 FITS = "the weights fit together: Concat of the h heads, h·d_v wide, times W_o gives d_model"
 PARAMS = ("the parameters are 2·d_model·h·d_k + 2·h·d_v·d_model (4·d_model² when h·d_k = "
           "h·d_v = d_model)")
@@ -304,8 +304,8 @@ XAVIER = "Xavier uniform: a (fan_in, fan_out) matrix spreads over ±√(6 / (fan
 
 
 def check_output_width(fn) -> None:
-    """Exercise 09.7: ``init_weights(d_model, h, d_k=None, d_v=None, rng=None)`` -> dict."""
-    ex = "09.7"
+    """Exercise 13.7: ``init_weights(d_model, h, d_k=None, d_v=None, rng=None)`` -> dict."""
+    ex = "13.7"
     for d_model, h, d_k, d_v in ((64, 8, None, None), (48, 4, 16, 8), (30, 3, 10, 7)):
         dk = d_model // h if d_k is None else d_k
         dv = dk if d_v is None else d_v
@@ -336,15 +336,15 @@ def check_output_width(fn) -> None:
     passed(ex, "W_o reads the h·d_v concatenated head outputs, for d_k and d_v set or not")
 
 
-# ----------------------------------------------------------------- 09.8 dropout's scale
+# ----------------------------------------------------------------- 13.8 dropout's scale
 EXPECTED = "dropout keeps each weight's expected value: the mean over many draws is the weight"
 DROPPED = "dropout drops a fraction p of the weights"
 EVAL = "in evaluation (training=False) dropout changes nothing"
 
 
 def check_dropout_scale(fn) -> None:
-    """Exercise 09.8: ``attention_dropout(weights, p, rng, training=True)``."""
-    ex, n = "09.8", 4000
+    """Exercise 13.8: ``attention_dropout(weights, p, rng, training=True)``."""
+    ex, n = "13.8", 4000
     w = softmax(np.random.default_rng(908).normal(size=(3, 4, 5)))
     for p in (0.1, 0.3):
         args, names = (w, p, 1), ("weights", "p", "rng")  # a seed; a Generator below

@@ -4,9 +4,9 @@ Taught in ``notebooks/04_multi_head_attention.ipynb``.
 
 Three layers, so each can be tested on its own:
 
-- :func:`~mha_course.plotting.plot_heads` (in :mod:`mha_course.plotting`, importable from here
-  too) draws an (h, T, S) stack of weights as a grid of heatmaps with one shared colorbar, fast
-  enough to redraw 16 heads interactively.
+- :func:`~mha_course.widgets.plotting.plot_heads` (in :mod:`mha_course.widgets.plotting`,
+  importable from here too) draws an (h, T, S) stack of weights as a grid of heatmaps with one
+  shared colorbar, fast enough to redraw 16 heads interactively.
 - :func:`draw_explorer` is a pure function (no widgets): it builds a seeded, untrained
   :class:`~mha_course.MultiHeadAttention` on fixed toy embeddings of the example sentence and
   returns the figure and a summary dict; :func:`summary_line` prints that summary in one line.
@@ -34,9 +34,9 @@ import math
 import numpy as np
 from matplotlib.figure import Figure
 
-from ._validate import fail, validate_positive_int
-from .cost import attention_flops, param_count
-from .multihead import MultiHeadAttention
+from .._validate import fail, validate_positive_int
+from ..cost import attention_flops, param_count
+from ..multihead import MultiHeadAttention
 from .plotting import HEAD_LABEL, TOKENS, figure_png, plot_heads, show_message
 
 #: Seed of the toy embeddings (fixed, so only the layer's ``seed`` changes the heads).

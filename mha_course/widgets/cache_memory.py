@@ -21,9 +21,9 @@ import base64
 import numpy as np
 from matplotlib.figure import Figure
 
-from ._validate import fail, validate_positive_int
+from .._validate import fail, validate_positive_int
+from ..model_configs import MODELS, cache_bytes, head_dim, is_mla, values_per_layer_token
 from .explorer import figure_png
-from .model_configs import MODELS, cache_bytes, head_dim, is_mla, values_per_layer_token
 
 #: Bytes per cached value for each dtype the widget offers.
 DTYPES = {"fp32": 4, "bf16": 2, "fp8": 1}

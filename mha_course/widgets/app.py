@@ -8,7 +8,7 @@ what the page shows, so it can be tested without a server:
   h / d_k explorer (04), the KV-cache memory calculator (06) and the head viewer of lesson 08's
   trained models — each with a tab title and a one-line explanation;
 - :func:`course_app` lays them out in tabs, each explanation above its widget. The head viewer's
-  models are lesson 08's, trained once and shipped (:mod:`mha_course.trained_models`), so a
+  models are lesson 08's, trained once and shipped (:mod:`mha_course.models.trained_models`), so a
   visitor's kernel loads them in a fraction of a second instead of training them;
 - :func:`start_summaries` says, one line per widget, what it draws when it starts, computed by
   the widgets' pure drawing functions from the settings the widgets start with (:data:`START`):
@@ -22,10 +22,10 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass
 
+from .._validate import fail
+from ..models.tasks import VOCAB
+from ..models.trained_models import held_out, load_models
 from . import cache_memory, explorer, head_viewer, stepper
-from ._validate import fail
-from .tasks import VOCAB
-from .trained_models import held_out, load_models
 
 #: The settings every widget starts with (the widget builders' own defaults, named here so
 #: :func:`start_summaries` describes exactly what the page shows first).
@@ -87,7 +87,7 @@ def head_view_inputs(model, batch, example: int):
 
     Examples
     --------
-    >>> from mha_course.trained_models import build_model
+    >>> from mha_course.models.trained_models import build_model
     >>> weights, labels = head_view_inputs(build_model("copy"), held_out("copy", 2), 0)
     >>> weights[0].shape == (2, len(labels), len(labels))
     True
@@ -104,7 +104,7 @@ def start_summaries(models=None) -> list[str]:
     Parameters
     ----------
     models : dict of str to TinyTransformer, optional
-        The head viewer's models (default: :func:`~mha_course.trained_models.load_models`).
+        The head viewer's models (default: :func:`~mha_course.models.trained_models.load_models`).
 
     Returns
     -------
@@ -188,7 +188,7 @@ def course_app(models=None):
     ----------
     models : dict of str to TinyTransformer, optional
         The head viewer's models, ``"copy"`` and ``"reverse"`` (default: the shipped ones,
-        :func:`~mha_course.trained_models.load_models`).
+        :func:`~mha_course.models.trained_models.load_models`).
 
     Returns
     -------
