@@ -28,7 +28,7 @@ from .attention import (
     sliding_window_mask,
 )
 from .backward import attention_backward, gradient_check, softmax_jacobian
-from .block import dropout, layer_norm, residual
+from .block import dropout, layer_norm, residual, rms_norm, swiglu
 from .cost import attention_flops, kv_cache_bytes, mla_cache_bytes, param_count
 from .heads import merge_heads, split_heads
 from .kv_cache import KVCache
@@ -69,6 +69,7 @@ __all__ = [
     "padding_mask",
     "param_count",
     "residual",
+    "rms_norm",
     "rope_permutation",
     "scaled_dot_product_attention",
     "sinusoidal_positions",
@@ -76,6 +77,7 @@ __all__ = [
     "softmax",
     "softmax_jacobian",
     "split_heads",
+    "swiglu",
     "tiled_attention",
 ]
 

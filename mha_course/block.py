@@ -1,6 +1,7 @@
-"""The block around attention: dropout on the weights, LayerNorm, and the residual (pre/post-LN).
+"""The block around attention: dropout, LayerNorm and RMSNorm, the SwiGLU MLP, the residual.
 
-Taught in ``notebooks/05_layer_to_model.ipynb``.
+Taught in ``notebooks/05_layer_to_model.ipynb`` (the backward passes and SwiGLU are used by
+lesson 09's GPT).
 
 - :func:`dropout` is *inverted* dropout, as PyTorch's ``nn.Dropout`` and
   ``scaled_dot_product_attention(..., dropout_p=p)`` apply it: during training each entry is
@@ -11,6 +12,13 @@ Taught in ``notebooks/05_layer_to_model.ipynb``.
   product with the values.
 - :func:`layer_norm` normalises each row (the last axis) to mean 0 and variance 1, then scales
   and shifts it (``gamma``, ``beta``), as ``torch.nn.functional.layer_norm``.
+- :func:`rms_norm` divides each row by its root mean square and scales it (``weight``): no mean
+  subtracted, no shift (Zhang & Sennrich 2019), as Llama, Mistral, Qwen, DeepSeek and gpt-oss
+  use; ``torch.nn.functional.rms_norm``.
+- :func:`swiglu` is the gated MLP of Shazeer (2020), used by Llama and most 2024-25 models:
+  ``(silu(x W_gate) * (x W_up)) W_down``.
+- :func:`layer_norm_backward`, :func:`rms_norm_backward` and :func:`swiglu_backward` are their
+  backward passes by hand (checked against central differences and PyTorch in the tests).
 - :func:`residual` wraps a sublayer (attention, or the feed-forward network) with the residual
   connection and a LayerNorm, in one of two placements: ``"post"``, ``LN(x + f(x))`` (Vaswani
   et al. 2017), or ``"pre"``, ``x + f(LN(x))`` (GPT-2 onward; such a stack ends with one more
@@ -172,3 +180,258 @@ def residual(x, sublayer, placement: str = "pre", *, gamma=None, beta=None,
     if placement == "post":
         return layer_norm(x + apply(x), gamma, beta, eps)
     return x + apply(layer_norm(x, gamma, beta, eps))
+
+
+def _norm_weight(func: str, name: str, param, d_model: int):
+    """``param`` as a (d_model,) float array, or None."""
+    if param is None:
+        return None
+    param = as_float_array(func, name, param)
+    if param.shape != (d_model,):
+        raise fail(func, f"{name} has shape {fmt_shape(param.shape)}; expected (d_model,) with "
+                         f"d_model={d_model} (from x)")
+    return param
+
+
+def _same_shape(func: str, name: str, arr, shape: tuple[int, ...], like: str) -> np.ndarray:
+    arr = as_float_array(func, name, arr)
+    if arr.shape != shape:
+        raise fail(func, f"{name} has shape {fmt_shape(arr.shape)}; expected "
+                         f"{fmt_shape(shape)}, the shape of {like}")
+    return arr
+
+
+def rms_norm(x, weight=None, eps: float = 1e-5) -> np.ndarray:
+    """Divide each row of ``x`` by its root mean square over the last axis, then scale it.
+
+    ``x / sqrt(mean(x**2) + eps) * weight``: LayerNorm without the mean and the shift, as
+    ``torch.nn.functional.rms_norm(x, (d_model,), weight, eps)``. Llama 3 uses ``eps = 1e-5``.
+
+    Parameters
+    ----------
+    x : ndarray of float, shape (..., d_model)
+    weight : ndarray of float, shape (d_model,), optional
+        The learned scale (default 1).
+    eps : float, default 1e-5
+
+    Returns
+    -------
+    ndarray, shape (..., d_model)
+
+    Raises
+    ------
+    ValueError
+        If ``x`` is not a float array with at least one axis, ``weight`` does not have shape
+        (d_model,), or ``eps`` is negative.
+
+    Examples
+    --------
+    >>> y = rms_norm(np.array([[3.0, -4.0]]), eps=0.0)
+    >>> np.round(y, 4) + 0.0, float(np.round(np.sqrt((y ** 2).mean()), 4))
+    (array([[ 0.8485, -1.1314]]), 1.0)
+    """
+    func = "rms_norm"
+    x = as_float_array(func, "x", x)
+    d_model = validate_shape(func, "x", x, ("d_model",))["d_model"]
+    if not eps >= 0:
+        raise fail(func, f"eps={eps!r} must be >= 0")
+    weight = _norm_weight(func, "weight", weight, d_model)
+    y = x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)  # (..., d_model)
+    return y if weight is None else y * weight
+
+
+def rms_norm_backward(grad_y, x, weight=None, eps: float = 1e-5):
+    """The gradients of :func:`rms_norm`: ``(dx, dweight)`` from ``grad_y = dL/dy``.
+
+    With ``r = 1 / sqrt(mean(x²) + eps)``, ``x̂ = x · r`` and ``g = grad_y · weight``:
+    ``dx = r · (g − x̂ · mean(g · x̂))`` (mean over the last axis) and ``dweight`` is
+    ``grad_y · x̂`` summed over every leading axis (None when ``weight`` is None).
+
+    Parameters
+    ----------
+    grad_y, x : ndarray of float, shape (..., d_model)
+    weight : ndarray of float, shape (d_model,), optional
+    eps : float, default 1e-5
+
+    Returns
+    -------
+    dx : ndarray, shape (..., d_model)
+    dweight : ndarray, shape (d_model,), or None
+
+    Raises
+    ------
+    ValueError
+        If the shapes do not match.
+
+    Examples
+    --------
+    >>> dx, dw = rms_norm_backward(np.ones((2, 3)), np.arange(6.0).reshape(2, 3), np.ones(3))
+    >>> dx.shape, dw.shape
+    ((2, 3), (3,))
+    """
+    func = "rms_norm_backward"
+    x = as_float_array(func, "x", x)
+    d_model = validate_shape(func, "x", x, ("d_model",))["d_model"]
+    grad_y = _same_shape(func, "grad_y", grad_y, x.shape, "x")
+    weight = _norm_weight(func, "weight", weight, d_model)
+    r = 1.0 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)  # (..., 1)
+    xhat = x * r  # (..., d_model)
+    g = grad_y if weight is None else grad_y * weight
+    dx = r * (g - xhat * (g * xhat).mean(axis=-1, keepdims=True))
+    dweight = None if weight is None else (grad_y * xhat).reshape(-1, d_model).sum(axis=0)
+    return dx, dweight
+
+
+def layer_norm_backward(grad_y, x, gamma=None, eps: float = 1e-5):
+    """The gradients of :func:`layer_norm`: ``(dx, dgamma, dbeta)`` from ``grad_y = dL/dy``.
+
+    With ``r = 1 / sqrt(var + eps)``, ``x̂ = (x − mean) · r`` and ``g = grad_y · gamma``:
+    ``dx = r · (g − mean(g) − x̂ · mean(g · x̂))``; ``dgamma`` sums ``grad_y · x̂`` and ``dbeta``
+    sums ``grad_y`` over every leading axis (``dgamma`` is None when ``gamma`` is None).
+
+    Parameters
+    ----------
+    grad_y, x : ndarray of float, shape (..., d_model)
+    gamma : ndarray of float, shape (d_model,), optional
+    eps : float, default 1e-5
+
+    Returns
+    -------
+    dx : ndarray, shape (..., d_model)
+    dgamma : ndarray, shape (d_model,), or None
+    dbeta : ndarray, shape (d_model,)
+
+    Raises
+    ------
+    ValueError
+        If the shapes do not match.
+
+    Examples
+    --------
+    >>> dx, dg, db = layer_norm_backward(np.ones((2, 3)), np.arange(6.0).reshape(2, 3))
+    >>> float(np.abs(dx).max()) < 1e-12, dg is None, db.tolist()
+    (True, True, [2.0, 2.0, 2.0])
+    """
+    func = "layer_norm_backward"
+    x = as_float_array(func, "x", x)
+    d_model = validate_shape(func, "x", x, ("d_model",))["d_model"]
+    grad_y = _same_shape(func, "grad_y", grad_y, x.shape, "x")
+    gamma = _norm_weight(func, "gamma", gamma, d_model)
+    mean = x.mean(axis=-1, keepdims=True)
+    r = 1.0 / np.sqrt(((x - mean) ** 2).mean(axis=-1, keepdims=True) + eps)  # (..., 1)
+    xhat = (x - mean) * r  # (..., d_model)
+    g = grad_y if gamma is None else grad_y * gamma
+    dx = r * (g - g.mean(axis=-1, keepdims=True)
+              - xhat * (g * xhat).mean(axis=-1, keepdims=True))
+    flat = grad_y.reshape(-1, d_model)
+    dgamma = None if gamma is None else (flat * xhat.reshape(-1, d_model)).sum(axis=0)
+    return dx, dgamma, flat.sum(axis=0)
+
+
+def sigmoid(a) -> np.ndarray:
+    """``1 / (1 + exp(-a))`` without overflow for large ``|a|``."""
+    a = np.asarray(a)
+    e = np.exp(-np.abs(a))  # in (0, 1]: never overflows
+    return np.where(a >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+def silu(a) -> np.ndarray:
+    """SiLU (swish): ``a · sigmoid(a)``, as ``torch.nn.functional.silu``."""
+    return a * sigmoid(a)
+
+
+def _swiglu_shapes(func: str, x, W_gate, W_up, W_down):
+    x = as_float_array(func, "x", x)
+    d_model = validate_shape(func, "x", x, ("d_model",))["d_model"]
+    W_gate = as_float_array(func, "W_gate", W_gate)
+    d_ff = validate_shape(func, "W_gate", W_gate, ("d_model", "d_ff"),
+                          {"d_model": (d_model, "x")}, batch=False)["d_ff"]
+    known = {"d_model": (d_model, "x"), "d_ff": (d_ff, "W_gate")}
+    W_up = as_float_array(func, "W_up", W_up)
+    validate_shape(func, "W_up", W_up, ("d_model", "d_ff"), known, batch=False)
+    W_down = as_float_array(func, "W_down", W_down)
+    validate_shape(func, "W_down", W_down, ("d_ff", "d_model"), known, batch=False)
+    return x, W_gate, W_up, W_down
+
+
+def swiglu(x, W_gate, W_up, W_down) -> np.ndarray:
+    """The SwiGLU MLP: ``(silu(x W_gate) * (x W_up)) W_down`` (Shazeer 2020; Llama's MLP).
+
+    Parameters
+    ----------
+    x : ndarray of float, shape (..., d_model)
+    W_gate, W_up : ndarray of float, shape (d_model, d_ff)
+    W_down : ndarray of float, shape (d_ff, d_model)
+
+    Returns
+    -------
+    ndarray, shape (..., d_model)
+
+    Raises
+    ------
+    ValueError
+        If a shape does not fit, e.g.
+        ``swiglu: W_up has shape (4, 6); expected (d_model, d_ff) with d_model=4 (from x),
+        d_ff=5 (from W_gate)``.
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> swiglu(np.ones((3, 4)), rng.normal(size=(4, 6)), rng.normal(size=(4, 6)),
+    ...        rng.normal(size=(6, 4))).shape
+    (3, 4)
+    """
+    x, W_gate, W_up, W_down = _swiglu_shapes("swiglu", x, W_gate, W_up, W_down)
+    return (silu(x @ W_gate) * (x @ W_up)) @ W_down  # (..., d_ff) -> (..., d_model)
+
+
+def swiglu_backward(grad_out, x, W_gate, W_up, W_down) -> dict[str, np.ndarray]:
+    """The gradients of :func:`swiglu`: ``{"x", "W_gate", "W_up", "W_down"}``.
+
+    With ``a = x W_gate``, ``b = x W_up``, ``s = sigmoid(a)`` and ``h = silu(a) · b``:
+    ``dh = grad_out W_downᵀ``, ``dW_down = hᵀ grad_out``, ``db = dh · silu(a)``,
+    ``da = dh · b · s · (1 + a · (1 − s))`` (the derivative of ``a · s``), ``dx = da W_gateᵀ +
+    db W_upᵀ``; the weight gradients sum over every leading axis.
+
+    Parameters
+    ----------
+    grad_out, x : ndarray of float, shape (..., d_model)
+    W_gate, W_up : ndarray of float, shape (d_model, d_ff)
+    W_down : ndarray of float, shape (d_ff, d_model)
+
+    Returns
+    -------
+    dict of str to ndarray
+        Each gradient with the shape of what it is the gradient of.
+
+    Raises
+    ------
+    ValueError
+        If a shape does not fit.
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> g = swiglu_backward(np.ones((3, 4)), np.ones((3, 4)), rng.normal(size=(4, 6)),
+    ...                     rng.normal(size=(4, 6)), rng.normal(size=(6, 4)))
+    >>> sorted((k, v.shape) for k, v in g.items())
+    [('W_down', (6, 4)), ('W_gate', (4, 6)), ('W_up', (4, 6)), ('x', (3, 4))]
+    """
+    func = "swiglu_backward"
+    x, W_gate, W_up, W_down = _swiglu_shapes(func, x, W_gate, W_up, W_down)
+    grad_out = _same_shape(func, "grad_out", grad_out, x.shape, "x")
+    d_model, d_ff = W_gate.shape
+    a, b = x @ W_gate, x @ W_up  # (..., d_ff) each
+    s = sigmoid(a)
+    act = a * s  # silu(a)
+    h = act * b  # (..., d_ff)
+    dh = grad_out @ W_down.T  # (..., d_ff)
+    db = dh * act
+    da = dh * b * s * (1.0 + a * (1.0 - s))
+    xf, hf = x.reshape(-1, d_model), h.reshape(-1, d_ff)
+    return {
+        "x": da @ W_gate.T + db @ W_up.T,  # (..., d_model)
+        "W_gate": xf.T @ da.reshape(-1, d_ff),
+        "W_up": xf.T @ db.reshape(-1, d_ff),
+        "W_down": hf.T @ grad_out.reshape(-1, d_model),
+    }

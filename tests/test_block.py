@@ -157,3 +157,145 @@ def test_an_encoder_layer_built_from_residual_matches_torch(torch, rng, placemen
             norm.bias.copy_(t(b))
         theirs = layer(t(x)).numpy()
     np.testing.assert_allclose(ours, theirs, atol=1e-12)
+
+
+# ------------------------------------------ RMSNorm, SwiGLU and the backward passes (lesson 09)
+from mha_course import gradient_check, rms_norm, swiglu  # noqa: E402
+from mha_course.block import (  # noqa: E402
+    layer_norm_backward,
+    rms_norm_backward,
+    sigmoid,
+    swiglu_backward,
+)
+
+
+def _weights(rng, d_model=D_MODEL, d_ff=D_FF):
+    return (rng.normal(size=(d_model, d_ff)) / np.sqrt(d_model),
+            rng.normal(size=(d_model, d_ff)) / np.sqrt(d_model),
+            rng.normal(size=(d_ff, d_model)) / np.sqrt(d_ff))
+
+
+def test_rms_norm_is_x_over_its_root_mean_square_times_the_weight(rng):
+    x, w = rng.normal(size=(B, T, D_MODEL)), rng.normal(size=D_MODEL)
+    want = x / np.sqrt((x ** 2).mean(-1, keepdims=True) + 1e-5) * w
+    np.testing.assert_allclose(rms_norm(x, w), want, rtol=1e-14)
+    y = rms_norm(x, eps=0.0)
+    np.testing.assert_allclose(np.sqrt((y ** 2).mean(-1)), 1.0, rtol=1e-14)
+    np.testing.assert_allclose(rms_norm(3.0 * x, eps=0.0), y, rtol=1e-13)  # scale-invariant
+
+
+def test_rms_norm_keeps_the_mean_that_layer_norm_removes(rng):
+    x = rng.normal(size=(T, D_MODEL)) + 5.0
+    assert np.abs(layer_norm(x).mean(-1)).max() < 1e-12
+    assert rms_norm(x).mean(-1).min() > 0.5
+
+
+@pytest.mark.parametrize("with_weight", [True, False])
+def test_rms_norm_backward_matches_central_differences(rng, with_weight):
+    x = rng.normal(size=(B, T, D_MODEL))
+    w = rng.normal(size=D_MODEL) if with_weight else None
+    g = rng.normal(size=x.shape)
+    dx, dw = rms_norm_backward(g, x, w)
+    assert gradient_check(lambda x_: (float((rms_norm(x_, w) * g).sum()), dx), x) < 1e-6
+    if with_weight:
+        assert gradient_check(lambda w_: (float((rms_norm(x, w_) * g).sum()), dw), w) < 1e-6
+    else:
+        assert dw is None
+
+
+@pytest.mark.parametrize("with_gamma", [True, False])
+def test_layer_norm_backward_matches_central_differences(rng, with_gamma):
+    x = rng.normal(size=(B, T, D_MODEL))
+    gamma = rng.normal(size=D_MODEL) if with_gamma else None
+    beta = rng.normal(size=D_MODEL)
+    g = rng.normal(size=x.shape)
+    dx, dgamma, dbeta = layer_norm_backward(g, x, gamma)
+    loss = lambda x_, ga, be: float((layer_norm(x_, ga, be) * g).sum())  # noqa: E731
+    assert gradient_check(lambda x_: (loss(x_, gamma, beta), dx), x) < 1e-6
+    assert gradient_check(lambda b_: (loss(x, gamma, b_), dbeta), beta) < 1e-6
+    if with_gamma:
+        assert gradient_check(lambda g_: (loss(x, g_, beta), dgamma), gamma) < 1e-6
+
+
+def test_sigmoid_never_overflows_and_is_one_over_one_plus_exp():
+    a = np.array([-1000.0, -30.0, -1.0, 0.0, 2.0, 1000.0])
+    with np.errstate(over="raise"):
+        s = sigmoid(a)
+    np.testing.assert_allclose(s[1:5], 1 / (1 + np.exp(-a[1:5])), rtol=1e-15)
+    assert s[0] == 0.0 and s[-1] == 1.0
+
+
+def test_swiglu_is_the_gated_mlp(rng):
+    x = rng.normal(size=(B, T, D_MODEL))
+    W_gate, W_up, W_down = _weights(rng)
+    a = x @ W_gate
+    want = (a / (1 + np.exp(-a)) * (x @ W_up)) @ W_down
+    np.testing.assert_allclose(swiglu(x, W_gate, W_up, W_down), want, rtol=1e-13)
+
+
+def test_swiglu_backward_matches_central_differences(rng):
+    x = rng.normal(size=(B, T, D_MODEL))
+    W = dict(zip(("W_gate", "W_up", "W_down"), _weights(rng), strict=True))
+    g = rng.normal(size=x.shape)
+    grads = swiglu_backward(g, x, **W)
+
+    def loss(**kw):
+        args = {"x": x, **W, **kw}
+        return float((swiglu(args["x"], args["W_gate"], args["W_up"], args["W_down"]) * g).sum())
+
+    assert gradient_check(lambda x_: (loss(x=x_), grads["x"]), x) < 1e-6
+    for name in W:
+        assert gradient_check(lambda w_, n=name: (loss(**{n: w_}), grads[n]), W[name]) < 1e-6
+
+
+def test_a_wrong_swiglu_gradient_is_caught_by_the_check(rng):
+    x = rng.normal(size=(T, D_MODEL))
+    W_gate, W_up, W_down = _weights(rng)
+    g = rng.normal(size=x.shape)
+    wrong = swiglu_backward(g, x, W_gate, W_up, W_down)["W_up"] * 1.5
+    err = gradient_check(lambda w_: (float((swiglu(x, W_gate, w_, W_down) * g).sum()), wrong), W_up)
+    assert err > 0.1
+
+
+def test_bad_shapes_name_the_argument_and_what_was_expected(rng):
+    W_gate, W_up, W_down = _weights(rng)
+    with pytest.raises(ValueError, match=re.escape(
+            "swiglu: W_up has shape (8, 5); expected (d_model, d_ff) with d_model=8 (from x), "
+            "d_ff=12 (from W_gate)")):
+        swiglu(np.ones((T, D_MODEL)), W_gate, W_up[:, :5], W_down)
+    with pytest.raises(ValueError, match=r"^rms_norm: weight has shape \(3,\); expected "
+                                         r"\(d_model,\) with d_model=8 \(from x\)"):
+        rms_norm(np.ones((T, D_MODEL)), np.ones(3))
+    with pytest.raises(ValueError, match=r"^rms_norm_backward: grad_y has shape \(5, 7\); "
+                                         r"expected \(5, 8\), the shape of x"):
+        rms_norm_backward(np.ones((T, 7)), np.ones((T, D_MODEL)))
+    with pytest.raises(ValueError, match=r"^rms_norm: x has dtype int64"):
+        rms_norm(np.ones((2, 3), dtype=np.int64))
+
+
+@pytest.mark.torch
+def test_rms_norm_swiglu_and_their_gradients_match_pytorch_autograd(torch, rng):
+    F = torch.nn.functional
+    x = rng.normal(size=(B, T, D_MODEL))
+    w, gamma = rng.normal(size=D_MODEL), rng.normal(size=D_MODEL)
+    W_gate, W_up, W_down = _weights(rng)
+    g = rng.normal(size=x.shape)
+    t = {k: torch.tensor(v, requires_grad=True) for k, v in
+         dict(x=x, w=w, gamma=gamma, W_gate=W_gate, W_up=W_up, W_down=W_down).items()}
+    tg = torch.tensor(g)
+    y_rms = F.rms_norm(t["x"], (D_MODEL,), t["w"], eps=1e-5)
+    y_ln = F.layer_norm(t["x"], (D_MODEL,), t["gamma"], None, eps=1e-5)
+    y_mlp = (F.silu(t["x"] @ t["W_gate"]) * (t["x"] @ t["W_up"])) @ t["W_down"]
+    np.testing.assert_allclose(rms_norm(x, w), y_rms.detach().numpy(), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(swiglu(x, W_gate, W_up, W_down), y_mlp.detach().numpy(),
+                               rtol=1e-12, atol=1e-14)
+    ((y_rms + y_ln + y_mlp) * tg).sum().backward()
+    dx_rms, dw = rms_norm_backward(g, x, w)
+    dx_ln, dgamma, _ = layer_norm_backward(g, x, gamma)
+    mlp = swiglu_backward(g, x, W_gate, W_up, W_down)
+    np.testing.assert_allclose(dx_rms + dx_ln + mlp["x"], t["x"].grad.numpy(), rtol=1e-10,
+                               atol=1e-12)
+    np.testing.assert_allclose(dw, t["w"].grad.numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(dgamma, t["gamma"].grad.numpy(), rtol=1e-10, atol=1e-12)
+    for name in ("W_gate", "W_up", "W_down"):
+        np.testing.assert_allclose(mlp[name], t[name].grad.numpy(), rtol=1e-10, atol=1e-12)
