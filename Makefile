@@ -7,7 +7,13 @@ BIN    := $(VENV)/bin
 # JupyterLab refuses to run as root unless told it may (CI and containers run as root).
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 PORT   ?= 8888
-NOTEBOOKS := $(wildcard notebooks/*.ipynb) $(wildcard solutions/*.ipynb)
+# Appendix notebooks (notebooks/appendix_*.ipynb) need PyTorch, which learners need not install:
+# `make nbval` runs them when torch imports, says it skipped them otherwise, and fails without
+# torch when MHA_COURSE_REQUIRE_TORCH=1 (CI).
+APPENDICES := $(wildcard notebooks/appendix_*.ipynb)
+NOTEBOOKS := $(filter-out $(APPENDICES),$(wildcard notebooks/*.ipynb)) $(wildcard solutions/*.ipynb)
+NBVAL := -m pytest --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg \
+    -p no:cacheprovider
 
 .PHONY: help lab app test lint unit nbval exercises notebook check assign bench clean-venv
 
@@ -60,8 +66,16 @@ unit: $(VENV)/.installed-test
 
 # Strict nbval: every output of every lesson and solution notebook is compared.
 nbval: $(VENV)/.installed-test
-	$(if $(NOTEBOOKS),$(BIN)/python -m pytest --nbval --nbval-current-env \
-	    --nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider $(NOTEBOOKS),@echo "no notebooks yet")
+	$(if $(NOTEBOOKS),$(BIN)/python $(NBVAL) $(NOTEBOOKS),@echo "no notebooks yet")
+	@if [ -n "$(APPENDICES)" ]; then \
+	    if $(BIN)/python -c "import torch" 2>/dev/null; then \
+	        $(BIN)/python $(NBVAL) $(APPENDICES); \
+	    elif [ "$$MHA_COURSE_REQUIRE_TORCH" = 1 ]; then \
+	        echo "PyTorch is not installed, and MHA_COURSE_REQUIRE_TORCH=1: cannot run $(APPENDICES)"; exit 1; \
+	    else \
+	        echo "skipped $(APPENDICES): they need PyTorch (pip install -e '.[reference]')"; \
+	    fi; \
+	fi
 
 test: lint unit nbval
 
