@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .generate import load_solutions
+from .limits import Limits, find_enforcement
 from .merge import merge_learner, reference_for
 from .notebooks import course_root, info, read_notebook
 from .run import DEFAULT_TIMEOUT, Isolation, run_nbval
-from .sandbox import Library, files_changed, find_sandbox
+from .sandbox import FileGuard, Library, find_sandbox
 from .verdicts import NotebookResult, Verdict, judge_run
 
 #: The package the checker belongs to: its snapshot is what every run imports.
@@ -52,11 +53,12 @@ class Checker:
 
     @classmethod
     def create(cls, solutions_dir=None, timeout: float = DEFAULT_TIMEOUT, sandbox: bool = True,
-               hidden=(), sanitize: Path | None = None) -> Checker:
+               hidden=(), sanitize: Path | None = None, limits: Limits | None = None) -> Checker:
         """Snapshot the solutions, the package and the sanitize file; find the sandbox.
 
         ``hidden`` folders (the submissions) are hidden from the sandboxed kernel, as are the
-        course checkout, the solutions and the home folder.
+        course checkout, the solutions and the home folder. ``limits`` (default: 4 GiB, 256
+        processes, 1 GiB of disk per kernel) bound every kernel (:mod:`.limits`).
         """
         root = course_root()
         solutions_dir = Path(solutions_dir) if solutions_dir is not None else root / "solutions"
@@ -67,30 +69,46 @@ class Checker:
         bwrap, why = find_sandbox(sandbox)
         hidden = tuple(dict.fromkeys([root, solutions_dir, PACKAGE_DIR.parent, Path.home(),
                                       *hidden]))
-        isolation = Isolation(package_snapshot(str(PACKAGE_DIR)),
+        limits = limits if limits is not None else Limits()
+        library = package_snapshot(str(PACKAGE_DIR))
+        guard = FileGuard(restore=bwrap is None)  # only unsandboxed kernels can write them
+        for path, data in watched.items():
+            guard.add(path, data)
+        for rel, data in library.files.items():
+            if not rel.endswith(".pyc"):
+                guard.add(PACKAGE_DIR.parent / rel, data)
+        if sanitize:
+            guard.add(sanitize)
+        isolation = Isolation(library,
                               Path(sanitize).read_text(encoding="utf-8") if sanitize else None,
-                              bwrap, hidden)
+                              bwrap, hidden, limits, find_enforcement(limits, bwrap is not None),
+                              guard)
         return cls(solutions, solutions_dir, isolation, timeout, why, watched)
 
-    def watch(self, paths) -> None:
+    def watch(self, paths, own: bool = False) -> None:
         """Read ``paths`` (submissions) now, before any learner code runs.
 
         :meth:`check` then grades these bytes, whatever a submission checked earlier writes to
-        a classmate's file, and :meth:`changed` reports such a write.
+        a classmate's file, and :meth:`changed` reports such a write; without the sandbox the
+        file is also restored (see :class:`~mha_course.grading.sandbox.FileGuard`). ``own``:
+        the learner's own notebook, checked by itself (a save from their editor is kept).
         """
         for path in paths:
             try:
-                self.watched.setdefault(Path(path), Path(path).read_bytes())
+                data = self.watched.setdefault(Path(path), Path(path).read_bytes())
             except OSError:
                 continue
+            self.isolation.guard.add(path, data, own=own)
 
     def changed(self) -> list[str]:
-        """Files changed on disk since the snapshots: the package, solutions, submissions.
+        """Files changed on disk since the snapshots (the package, solutions, submissions), each
+        with the submissions that were being checked meanwhile and what was done about it.
 
-        In the sandbox nothing can change them; without it, a submission's code can, and the
-        command reports which (every verdict was computed from the snapshots regardless).
+        In the sandbox no kernel can change them (an editor can); without it, a submission's
+        code can, and the file is restored. Every verdict was computed from the snapshots.
         """
-        return self.isolation.library.changed(PACKAGE_DIR) + files_changed(self.watched)
+        self.isolation.guard.verify(())
+        return [change.describe() for change in self.isolation.guard.changes]
 
     def check(self, path: str | Path) -> NotebookResult:
         """Check one learner notebook; never writes ``path``.
@@ -111,7 +129,8 @@ class Checker:
         decided: dict[str, Verdict] = {}
         for _ in range(len(order) + 1):
             merged = merge_learner(ref, learner, stubbed=set(decided))
-            records, backstop = run_nbval(merged.notebook, self.timeout, self.isolation)
+            records, backstop = run_nbval(merged.notebook, self.timeout, self.isolation,
+                                          who=str(path))
             run = judge_run(order, merged.roles, records, self.timeout, backstop, decided)
             if run.error:
                 return NotebookResult(path, label, [Verdict(x, "error", run.error) for x in order],

@@ -24,6 +24,7 @@ from pathlib import Path
 from .bundle import assign
 from .check import Checker
 from .generate import exercise_ids, find_stale, generate, load_solutions
+from .limits import DEFAULT_DISK, DEFAULT_MEMORY, DEFAULT_PROCESSES, Limits, parse_size, size_text
 from .notebooks import (
     MOVED_LESSONS,
     ExerciseError,
@@ -34,7 +35,7 @@ from .notebooks import (
     sort_ids,
 )
 from .report import collect_submissions, combine, csv_text, format_result, summary_table
-from .run import DEFAULT_TIMEOUT
+from .run import DEFAULT_TIMEOUT, stop_on_signals
 from .sandbox import UNSANDBOXED
 from .tidy import problems, tidy
 
@@ -71,6 +72,15 @@ def _parser() -> argparse.ArgumentParser:
     chk.add_argument("--no-sandbox", action="store_true",
                      help="run learners' code without the bubblewrap sandbox (see the README's "
                           "trust model)")
+    chk.add_argument("--memory", type=_size_or_none, default=DEFAULT_MEMORY, metavar="SIZE",
+                     help=f"memory each kernel may use (default {size_text(DEFAULT_MEMORY)}; "
+                          "e.g. 8G, or 'none')")
+    chk.add_argument("--processes", type=_count_or_none, default=DEFAULT_PROCESSES, metavar="N",
+                     help=f"processes and threads each kernel may have (default "
+                          f"{DEFAULT_PROCESSES}, or 'none')")
+    chk.add_argument("--disk", type=_size_or_none, default=DEFAULT_DISK, metavar="SIZE",
+                     help=f"what each kernel may write to its folders and /tmp (default "
+                          f"{size_text(DEFAULT_DISK)}, or 'none')")
 
     asg = sub.add_parser("assign", help="bundle chosen exercises into one notebook")
     asg.add_argument("ids", nargs="+", metavar="ID", help='exercise ids, e.g. 01.1 03.2 04.4')
@@ -85,6 +95,23 @@ def _parser() -> argparse.ArgumentParser:
     tdy.add_argument("--check", action="store_true",
                      help="write nothing; list what is untidy and exit 1 if anything is")
     return parser
+
+
+def _size_or_none(text: str) -> int | None:
+    if text.strip().lower() in ("none", "unlimited"):
+        return None
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _count_or_none(text: str) -> int | None:
+    if text.strip().lower() in ("none", "unlimited"):
+        return None
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of processes (at least 1)")
+    return int(text)
 
 
 def _solutions(arg: Path | None) -> Path:
@@ -159,26 +186,31 @@ def _check(args) -> int:
     elif csv_path is not None and csv_path.exists() and not args.force:
         raise ExerciseError(f"{csv_path} already exists; use --force to overwrite it")
     hidden = [p if p.is_dir() else p.parent for p in paths]
-    checker = Checker.create(_solutions(args.solutions), args.timeout,
-                             sandbox=not args.no_sandbox, hidden=hidden)
-    if checker.unsandboxed:
-        print("note: " + UNSANDBOXED.format(reason=checker.unsandboxed), file=sys.stderr,
-              flush=True)
-    if folder_mode:
-        code = _check_folder(args, paths, checker, csv_path)
-    else:
-        code = _check_files(args, paths, checker, csv_path)
-    changed = checker.changed()
+    limits = Limits(args.memory, args.processes, args.disk)
+    with stop_on_signals():
+        checker = Checker.create(_solutions(args.solutions), args.timeout,
+                                 sandbox=not args.no_sandbox, hidden=hidden, limits=limits)
+        if checker.unsandboxed:
+            print("note: " + UNSANDBOXED.format(reason=checker.unsandboxed), file=sys.stderr,
+                  flush=True)
+        else:  # unsandboxed, the note above says it all
+            for missing in checker.isolation.enforcement.missing:
+                print(f"note: {missing}", file=sys.stderr, flush=True)
+        if folder_mode:
+            code = _check_folder(args, paths, checker, csv_path)
+        else:
+            code = _check_files(args, paths, checker, csv_path)
+        changed = checker.changed()
     if changed:  # by an editor's autosave, or by a submission's code without a sandbox
         print("warning: these files changed on disk during the check (every verdict above used "
-              "the copies taken at the start; without a sandbox a submission's code can write "
-              "files): " + ", ".join(changed), file=sys.stderr, flush=True)
+              "the copies taken at the start):\n" + "\n".join(f"  {c}" for c in changed),
+              file=sys.stderr, flush=True)
     return code
 
 
 def _check_files(args, paths, checker, csv_path) -> int:
     """One report per notebook; a bad file gives exit code 2."""
-    checker.watch(paths)
+    checker.watch(paths, own=len(paths) == 1)  # a learner's own notebook: their saves are kept
     code = 0
     rows = []
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:

@@ -10,9 +10,12 @@ A record is what :mod:`mha_course.grading.nbval_plugin` writes for one code cell
      "got": "<text the cell printed>", "expected": "<text the solution printed>"}
 
 ``error`` is None when the kernel reported no exception; a cell nbval did not run has no
-record (None). Cells have roles (:class:`~mha_course.grading.notebooks.CellRole`): ``setup``,
-``solution`` (the learner's answer), ``check``, ``own`` (the learner's own cell, run before
-the answer) and the reference's other cells.
+record (None). A record may also say which of the kernel's limits was reached while the cell
+ran (``"limit": "the memory limit of 4 GiB per kernel was reached (...)"``); the verdict's
+message then ends with it. Cells have roles
+(:class:`~mha_course.grading.notebooks.CellRole`): ``setup``, ``solution`` (the learner's
+answer), ``check``, ``own`` (the learner's own cell, run before the answer) and the reference's
+other cells.
 """
 
 from __future__ import annotations
@@ -153,6 +156,12 @@ def failure_message(exercise: str, record: dict, role: CellRole) -> str:
     return "\n".join(trim(clean(message).split("\n"), 6))
 
 
+def with_limit(message: str, record: dict | None) -> str:
+    """``message``, and on its own line the limit the record says was reached, if any."""
+    limit = (record or {}).get("limit")
+    return f"{message}\n{limit}" if limit else message
+
+
 def kernel_died(record: dict) -> bool:
     """Whether the record says the kernel was lost: it died, or ignored the timeout's interrupt."""
     message = record.get("message", "")
@@ -199,13 +208,15 @@ def exercise_verdict(exercise: str, cells, timeout: float) -> tuple[Verdict, boo
         message = record.get("message", "")
         if KERNEL_DIED in message or DEAD_ON_START in message:
             when = "while running" if KERNEL_DIED in message else "before"
-            return Verdict(exercise, "crashed", f"the kernel died {when} {role.label} "
-                           "(os._exit, sys.exit in a thread, a segfault or out of memory?)"), True
+            return Verdict(exercise, "crashed", with_limit(
+                f"the kernel died {when} {role.label} (os._exit, sys.exit in a thread, a "
+                "segfault or out of memory?)", record)), True
         if message.startswith("Timeout of"):
             lost = kernel_died(record)
-            return Verdict(exercise, "timed out", f"TIMED OUT after {timeout:g} s in {role.label}"
-                           + ("; it ignored the interrupt, so its kernel was stopped"
-                              if lost else "")), lost
+            return Verdict(exercise, "timed out", with_limit(
+                f"TIMED OUT after {timeout:g} s in {role.label}"
+                + ("; it ignored the interrupt, so its kernel was stopped" if lost else ""),
+                record)), lost
     for record, _ in cells:
         error = (record or {}).get("error") or {}
         evalue = clean(error.get("evalue", ""))
@@ -234,7 +245,8 @@ def exercise_verdict(exercise: str, cells, timeout: float) -> tuple[Verdict, boo
             return Verdict(exercise, "failed", f"this exercise uses Exercise {other.group(1)}, "
                            "which still raises NotImplementedError: do that one first",
                            notes), False
-        return Verdict(exercise, "failed", failure_message(exercise, record, role), notes), False
+        return Verdict(exercise, "failed", with_limit(failure_message(exercise, record, role),
+                                                      record), notes), False
     if any(record is None for record, role in cells if role.role != "own"):
         return Verdict(exercise, "not checked", "a cell of this exercise did not run",
                        notes), False
