@@ -8,6 +8,10 @@ Modules, each importing only the ones above it in this list:
 
 - ``notebooks``: reading and writing notebooks, cell metadata, exercise ids, ``ExerciseError``;
 - ``generate``: stubs, validating solution notebooks, ``generate`` and ``find_stale``;
+- ``catalog``: every exercise as data (id, lesson, title, stars, default points, the checks it
+  calls, the functions the learner writes), read from ``solutions/``; ``parse_ids``;
+- ``assignment``: the instructor's assignment file (exercises, points, title, due date) that
+  ``assign`` writes and ``check --assignment`` grades against;
 - ``bundle``: ``build_bundle`` and ``assign`` (exercises from several lessons in one notebook);
 - ``merge``: ``reference_for`` and ``merge_learner``, the notebook the checker runs (the
   learner's answers and own cells found where they put them);
