@@ -36,12 +36,14 @@ A new check, in outline (the lesson modules hold twenty real ones)::
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import numbers
 import os
 import sys
 import traceback
+import tracemalloc
 import warnings
 
 import numpy as np
@@ -207,7 +209,7 @@ def check_rng(seed: int) -> np.random.Generator:
 
 
 def call(ex: str, fn, args: tuple, names: tuple, kwargs=None, hint=None, forbid=None,
-         inplace: bool = True, who: str = "your function"):
+         inplace: bool = True, who: str = "your function", measure: dict | None = None):
     """Call the learner's ``fn`` on copies; turn its exceptions and side effects into words.
 
     Parameters
@@ -233,6 +235,9 @@ def call(ex: str, fn, args: tuple, names: tuple, kwargs=None, hint=None, forbid=
         Whether changing an argument in place fails (a decode step must change its cache).
     who : str
         How messages name ``fn`` ("your function raised ...").
+    measure : dict, optional
+        Receives ``"peak"``: the most memory (bytes, tracemalloc) the call held above what was
+        held when it started.
 
     In grading mode ``fn`` is the grader's handle on a function in the learner's kernel (it
     has ``mha_course_remote_call``): the call, the forbidden-call watch and the in-place test
@@ -261,7 +266,10 @@ def call(ex: str, fn, args: tuple, names: tuple, kwargs=None, hint=None, forbid=
     forbid = forbid or {}
     remote = getattr(fn, "mha_course_remote_call", None)
     if remote is not None:  # grading mode: the learner's kernel calls it, this process judges
-        outcome = remote(args, kwargs, forbid=list(forbid), inplace=inplace)
+        outcome = remote(args, kwargs, forbid=list(forbid), inplace=inplace,
+                         measure=measure is not None)
+        if measure is not None:
+            measure["peak"] = outcome.get("peak", 0)
         found, error = outcome.get("found"), outcome.get("error")
         if found is not None and found[0] in forbid:
             rule = Rule(found[0], forbid[found[0]])
@@ -279,7 +287,7 @@ def call(ex: str, fn, args: tuple, names: tuple, kwargs=None, hint=None, forbid=
     watch = CallWatch(rules)
     pristine = copy.deepcopy((args, kwargs)) if inplace else None
     try:
-        with warnings.catch_warnings(), np.errstate(all="ignore"):
+        with warnings.catch_warnings(), np.errstate(all="ignore"), traced(measure):
             warnings.simplefilter("ignore")
             result = watch.run(fn, args, kwargs) if watch.rules else fn(*args, **kwargs)
     except Exception as exc:
@@ -297,6 +305,25 @@ def call(ex: str, fn, args: tuple, names: tuple, kwargs=None, hint=None, forbid=
         if not equal(before, after):
             raise _changed(ex, name)
     return result
+
+
+@contextlib.contextmanager
+def traced(into: dict | None):
+    """Put the peak memory (tracemalloc) the block held above its start into ``into["peak"]``."""
+    if into is None:
+        yield
+        return
+    was_tracing = tracemalloc.is_tracing()
+    if not was_tracing:
+        tracemalloc.start()
+    start = tracemalloc.get_traced_memory()[0]
+    tracemalloc.reset_peak()
+    try:
+        yield
+    finally:
+        into["peak"] = max(0, tracemalloc.get_traced_memory()[1] - start)
+        if not was_tracing:
+            tracemalloc.stop()
 
 
 def _raised(ex, exc, args, kwargs, hint, who):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import tracemalloc
 
 import numpy as np
 
@@ -229,13 +228,9 @@ def check_tiled_one_head(fn) -> None:
     # Memory: a (T, S) float64 array would be 2 MiB here; the loop should hold far less.
     n, block = 512, 32
     q, k, v = (rng.normal(size=(n, 16)) for _ in range(3))
-    tracemalloc.start()
-    try:
-        start = tracemalloc.get_traced_memory()[0]
-        call(ex, fn, (q, k, v, block), ("q", "k", "v", "block"))
-        peak = tracemalloc.get_traced_memory()[1] - start
-    finally:
-        tracemalloc.stop()
+    measure: dict = {}
+    call(ex, fn, (q, k, v, block), ("q", "k", "v", "block"), measure=measure)
+    peak = measure["peak"]
     full = n * n * 8
     if peak >= full / 2:
         raise fail(ex, f"at T = S = {n}, block={block} your function held {fmt(peak / 2**20)} "

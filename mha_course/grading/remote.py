@@ -29,13 +29,14 @@ import copy
 import io
 import json
 import pickle
+import socket
 import sys
 import warnings
 
 import numpy as np
 
 from ..checks.forbid import CallWatch, find_in_source, rules_for
-from ..checks.harness import equal
+from ..checks.harness import equal, traced
 
 #: Longest message or name the kernel reports (the rest is cut).
 TEXT_LIMIT = 2_000
@@ -210,8 +211,10 @@ class Server:
             return reply
         watch = CallWatch(rules)
         pristine = copy.deepcopy((args, kwargs)) if request.get("inplace") else None
+        measure = bool(request.get("measure"))
         try:
-            with warnings.catch_warnings(), np.errstate(all="ignore"):
+            with warnings.catch_warnings(), np.errstate(all="ignore"), \
+                    traced(reply if measure else None):
                 warnings.simplefilter("ignore")
                 value = watch.run(fn, args, kwargs) if watch.rules else fn(*args, **kwargs)
             reply["value"] = encode(value, self.refs)
@@ -254,11 +257,46 @@ def _same(before, after) -> bool:
         return before is after
 
 
-def serve() -> None:
+def send_frame(sock, text: str) -> None:
+    """One message on a stream socket: its length (8 bytes, big-endian), then UTF-8 text."""
+    data = text.encode("utf-8")
+    sock.sendall(len(data).to_bytes(8, "big") + data)
+
+
+def recv_frame(sock) -> str:
+    """The next message :func:`send_frame` sent (blocking); EOFError when the socket closed."""
+    head = _recv_exactly(sock, 8)
+    return _recv_exactly(sock, int.from_bytes(head, "big")).decode("utf-8")
+
+
+def _recv_exactly(sock, n: int) -> bytes:
+    chunks, left = [], n
+    while left:
+        chunk = sock.recv(min(left, 1 << 20))
+        if not chunk:
+            raise EOFError("the grader closed the connection")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def serve(path: str | None = None) -> None:
     """Answer the grader until it is done (the grader runs this in the kernel, per check cell).
 
-    Uses the kernel's stdin channel, so it runs only when the grader executes it with
-    ``allow_stdin``; a learner running it by hand gets IPython's "stdin not supported" error.
+    ``path`` is a Unix socket the grader listens on (in the run's kernel folder, which the
+    sandbox shares); without it the kernel's stdin channel carries the messages, which only
+    works when the grader executes this with ``allow_stdin`` (a learner running it by hand gets
+    IPython's "stdin not supported" error).
     """
     shell = sys.modules["IPython"].get_ipython()
-    Server(shell.kernel.raw_input, shell.user_ns).loop({"ready": True})
+    if path is None:
+        Server(shell.kernel.raw_input, shell.user_ns).loop({"ready": True})
+        return
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(path)
+
+        def ask(prompt: str) -> str:
+            send_frame(sock, prompt)
+            return recv_frame(sock)
+
+        Server(ask, shell.user_ns).loop({"ready": True})
