@@ -36,20 +36,19 @@ A new check, in outline (the lesson modules hold twenty real ones)::
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 import numbers
 import os
 import sys
 import traceback
-import tracemalloc
 import warnings
 
 import numpy as np
 
 from .. import MultiHeadAttention
 from .forbid import CallWatch, Rule, Use, find_in_source, rules_for
+from .measure import PROBE, check_rng, traced  # noqa: F401  (the lessons import check_rng here)
 
 RTOL, ATOL = 1e-6, 1e-9
 NAN_GENERIC = ("NaN and inf come from 0/0, inf/inf, inf - inf or a log of 0 or less; print "
@@ -189,25 +188,6 @@ def quiet(make):
         return None
 
 
-#: Set by the grader (``check --assignment`` with a probe seed, see
-#: :mod:`mha_course.grading.grader`): every check then draws its inputs from other seeds than
-#: the learners' local checks use (:func:`check_rng`).
-PROBE = {"seed": None}
-
-
-def check_rng(seed: int) -> np.random.Generator:
-    """The generator a check draws its inputs from: ``np.random.default_rng(seed)``.
-
-    When the grader sets a probe seed (``PROBE["seed"]``), the generator draws from
-    ``(seed, probe seed)`` instead: the same kinds of inputs, values learners never saw.
-
-    >>> float(check_rng(7).normal()) == float(np.random.default_rng(7).normal())
-    True
-    """
-    probe = PROBE["seed"]
-    return np.random.default_rng(seed if probe is None else [seed, int(probe)])
-
-
 def call(ex: str, fn, args: tuple, names: tuple, kwargs=None, hint=None, forbid=None,
          inplace: bool = True, who: str = "your function", measure: dict | None = None):
     """Call the learner's ``fn`` on copies; turn its exceptions and side effects into words.
@@ -305,25 +285,6 @@ def call(ex: str, fn, args: tuple, names: tuple, kwargs=None, hint=None, forbid=
         if not equal(before, after):
             raise _changed(ex, name)
     return result
-
-
-@contextlib.contextmanager
-def traced(into: dict | None):
-    """Put the peak memory (tracemalloc) the block held above its start into ``into["peak"]``."""
-    if into is None:
-        yield
-        return
-    was_tracing = tracemalloc.is_tracing()
-    if not was_tracing:
-        tracemalloc.start()
-    start = tracemalloc.get_traced_memory()[0]
-    tracemalloc.reset_peak()
-    try:
-        yield
-    finally:
-        into["peak"] = max(0, tracemalloc.get_traced_memory()[1] - start)
-        if not was_tracing:
-            tracemalloc.stop()
 
 
 def _raised(ex, exc, args, kwargs, hint, who):

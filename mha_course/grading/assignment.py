@@ -98,6 +98,16 @@ def _number(value, what: str) -> float:
     return int(value) if float(value).is_integer() else float(value)
 
 
+def number(value: float) -> str:
+    """A number for the CSV: ``2``, ``2.5`` (no ``2.0``).
+
+    >>> number(2.0), number(2.5), number(71.42857)
+    ('2', '2.5', '71.43')
+    """
+    value = round(float(value), 2)
+    return str(int(value)) if value.is_integer() else f"{value:g}"
+
+
 def parse_points(text) -> dict[str, float]:
     """``"03.1=2,4.5=4"`` (or a list of such strings) -> ``{"03.1": 2, "04.5": 4}``.
 

@@ -37,7 +37,7 @@ import types
 
 import pytest
 
-from ..checks import harness
+from ..checks import measure
 from .notebooks import info
 from .session import INTERRUPT_GRACE, KernelLost, RemoteTimeout, Session
 from .verdicts import KERNEL_DIED
@@ -94,13 +94,13 @@ class Grader:
             exec(code, self.trusted, Names(session, self.trusted, self.remote))
         printed = out.getvalue()
         if self.probe_seed is not None:
-            seed = harness.PROBE["seed"]
-            harness.PROBE["seed"] = self.probe_seed
+            seed = measure.PROBE["seed"]
+            measure.PROBE["seed"] = self.probe_seed
             try:
                 with contextlib.redirect_stdout(io.StringIO()):
                     exec(code, self.trusted, Names(session, self.trusted, self.remote))
             finally:
-                harness.PROBE["seed"] = seed
+                measure.PROBE["seed"] = seed
         probe = self.probes.get("probe_" + exercise.replace(".", "_"))
         if callable(probe):
             names = Names(session, self.trusted, self.remote | set(

@@ -36,7 +36,8 @@ import warnings
 import numpy as np
 
 from ..checks.forbid import CallWatch, find_in_source, rules_for
-from ..checks.harness import equal, traced
+from ..checks.harness import equal
+from ..checks.measure import traced
 
 #: Longest message or name the kernel reports (the rest is cut).
 TEXT_LIMIT = 2_000
