@@ -19,6 +19,7 @@ from .. import (
 )
 from .harness import (
     call,
+    check_rng,
     compare,
     compare_pair,
     fail,
@@ -101,7 +102,7 @@ def _rope_variant(x, positions, exponent=2.0):
 def check_rope_interleaved(fn) -> None:
     """Exercise 05.2: ``rope_interleaved(x, positions)``: pairs (2j, 2j+1) turned by p·θ_j."""
     ex = "05.2"
-    rng = np.random.default_rng(502)
+    rng = check_rng(502)
     probes = [(rng.normal(size=(5, 6)), np.arange(5), "(T, d)"),
               (rng.normal(size=(2, 3, 4, 8)), np.array([7, 0, 3, 12]), "(B, h, T, d)"),
               (rng.normal(size=(3, 2, 10)), np.array([4, 9]), "(h, T, d)")]
@@ -133,7 +134,7 @@ def check_rope_interleaved(fn) -> None:
 def check_rope_score_table(fn) -> None:
     """Exercise 05.3: ``rope_score_table(q, k, P, layout)`` -> (P, P), score[m, n]."""
     ex = "05.3"
-    rng = np.random.default_rng(503)
+    rng = check_rng(503)
     for d, P, layout in ((6, 5, "half"), (10, 7, "interleaved"), (4, 3, "half")):
         q, k = rng.normal(size=d), rng.normal(size=d)
         pos = np.arange(P)
@@ -243,7 +244,7 @@ def _heads_hint(exc):
 def check_padded_heads_attention(fn) -> None:
     """Exercise 05.5: ``padded_heads_attention(q, k, v, lengths)`` -> (out, weights)."""
     ex = "05.5"
-    rng = np.random.default_rng(505)
+    rng = check_rng(505)
     for B, h, lengths in ((2, 2, [5, 2]), (3, 2, [3, 5, 1]), (2, 4, [4, 2])):
         T, d_k, d_v = 5, 4, 6
         q, k = rng.normal(size=(2, B, h, T, d_k))
@@ -275,7 +276,7 @@ def check_padded_heads_attention(fn) -> None:
 def check_attention_dropout(fn) -> None:
     """Exercise 05.6: ``attention_dropout(weights, p, seed, training)`` -> inverted dropout."""
     ex = "05.6"
-    rng = np.random.default_rng(506)
+    rng = check_rng(506)
     probes = [(rng.random((2, 3, 4, 5)), 0.1, 11, True), (rng.random((3, 6)), 0.3, 12, True),
               (rng.random((2, 4, 4)), 0.25, 13, False), (rng.random((4, 7)), 0.5, 14, True)]
     forbid = {"mha_course.dropout": "write the dropout yourself"}

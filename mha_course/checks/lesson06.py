@@ -24,7 +24,7 @@ from .. import (
 )
 from ..heads import kv_for_groups, ungroup_heads
 from ..model_configs import head_dim
-from .harness import call, compare, compare_pair, fail, fmt_shape, passed
+from .harness import call, check_rng, compare, compare_pair, fail, fmt_shape, passed
 from .variants import attention_hint
 
 __all__ = [
@@ -137,7 +137,7 @@ def _no_cache_variants(layer, x):
 def check_decode_with_cache(fn) -> None:
     """Exercise 06.2: ``decode(layer, x)`` -> outputs (B, T, d_model), one token at a time."""
     ex = "06.2"
-    rng = np.random.default_rng(602)
+    rng = check_rng(602)
     for B, T, d_model, h, d_k, d_v in ((2, 5, 12, 3, 4, 6), (1, 7, 10, 2, 3, 5)):
         layer = MultiHeadAttention(d_model, h, d_k, d_v, rng=rng)
         x = rng.normal(size=(B, T, d_model))
@@ -158,7 +158,7 @@ def check_decode_with_cache(fn) -> None:
 def check_repeat_kv(fn) -> None:
     """Exercise 06.3: ``repeat_kv(k, n_rep)``: (B, g, S, d) -> (B, g*n_rep, S, d)."""
     ex = "06.3"
-    rng = np.random.default_rng(603)
+    rng = check_rng(603)
     for B, g, n_rep, S, d in ((2, 2, 3, 5, 4), (1, 3, 2, 4, 6), (2, 1, 4, 3, 5)):
         k = rng.normal(size=(B, g, S, d))
         # query head i reads K/V head i // n_rep: each K/V head broadcast over its group
@@ -217,7 +217,7 @@ def check_sliding_window_mask(fn) -> None:
 def check_absorbed_head(fn) -> None:
     """Exercise 06.5: ``absorbed_head(q_nope, q_rope, c, k_rope, W_uk, W_uv)`` -> (out, weights)."""
     ex = "06.5"
-    rng = np.random.default_rng(605)
+    rng = check_rng(605)
     for T, S, d_c, d_k, d_v, d_rope in ((3, 5, 12, 4, 6, 2), (2, 6, 9, 5, 3, 4)):
         q_nope, q_rope = rng.normal(size=(T, d_k)), rng.normal(size=(T, d_rope))
         c, k_rope = rng.normal(size=(S, d_c)), rng.normal(size=(S, d_rope))
@@ -268,7 +268,7 @@ def _absorb_hint(exc):
 def check_chunk_attention(fn) -> None:
     """Exercise 06.6: ``chunk_attention(q, k, v)``: T new queries over S >= T cached keys."""
     ex = "06.6"
-    rng = np.random.default_rng(606)
+    rng = check_rng(606)
     for lead, T, S in (((2,), 3, 7), ((), 1, 5), ((2, 2), 4, 4), ((), 2, 9)):
         q = rng.normal(size=(*lead, T, 4))
         k, v = rng.normal(size=(*lead, S, 4)), rng.normal(size=(*lead, S, 6))

@@ -8,12 +8,22 @@ Modules, each importing only the ones above it in this list:
 
 - ``notebooks``: reading and writing notebooks, cell metadata, exercise ids, ``ExerciseError``;
 - ``generate``: stubs, validating solution notebooks, ``generate`` and ``find_stale``;
+- ``catalog``: every exercise as data (id, lesson, title, stars, default points, the checks it
+  calls, the functions the learner writes), read from ``solutions/``; ``parse_ids``;
+- ``assignment``: the instructor's assignment file (exercises, points, title, due date) that
+  ``assign`` writes and ``check --assignment`` grades against;
 - ``bundle``: ``build_bundle`` and ``assign`` (exercises from several lessons in one notebook);
 - ``merge``: ``reference_for`` and ``merge_learner``, the notebook the checker runs (the
   learner's answers and own cells found where they put them);
 - ``verdicts``: per-cell records -> one verdict per exercise (pure functions);
 - ``sandbox``: the snapshot of the package each run gets a private copy of, the run's folders,
   and the bubblewrap sandbox around the kernel;
+- ``remote``: grading mode, the kernel's side: answering the grader's calls from inside the
+  learner's kernel (values back as JSON and ``.npy``, never pickle);
+- ``session``: grading mode, the grader's side of that conversation (proxies, callbacks,
+  timeouts naming the learner's function);
+- ``grader``: grading mode's pytest plugin: the reference's check cells run in the pytest
+  process, calling into the kernel, plus the instructor's probes;
 - ``kernel``: the kernel's entry point (the checks loaded before any learner code);
 - ``nbval_plugin``: the pytest plugin of the nbval run (per-cell records through a pipe, the
   kernel it starts, dead-kernel watch);

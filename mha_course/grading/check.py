@@ -18,14 +18,19 @@ import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .assignment import Assignment
+from .bundle import build_bundle
+from .catalog import exercises
 from .generate import load_solutions
 from .limits import Limits, find_enforcement
-from .merge import merge_learner, reference_for
-from .notebooks import course_root, info, read_notebook
+from .merge import course_sources, merge_learner, reference_for
+from .notebooks import ExerciseError, course_root, info, read_notebook
 from .run import DEFAULT_TIMEOUT, Isolation, run_nbval
 from .sandbox import FileGuard, Library, find_sandbox
 from .verdicts import NotebookResult, Verdict, judge_run
 
+#: The pytest plugin of grading mode (checks run in the grader, see grading/grader.py).
+GRADER_PLUGIN = "mha_course.grading.grader"
 #: The package the checker belongs to: its snapshot is what every run imports.
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 MISSING = ("your notebook has no solution cell for this exercise (deleted?); copy the cell back "
@@ -50,15 +55,23 @@ class Checker:
     unsandboxed: str = ""
     #: ``{path: bytes}`` of files no check may change (the solutions, the submissions).
     watched: dict = field(default_factory=dict)
+    #: Grading mode: the assignment every submission is graded against (None: learner mode).
+    assignment: Assignment | None = None
+    #: Grading mode: the instructor's probes file, as text (see mha_course.grading.grader).
+    probes: str | None = None
 
     @classmethod
     def create(cls, solutions_dir=None, timeout: float = DEFAULT_TIMEOUT, sandbox: bool = True,
-               hidden=(), sanitize: Path | None = None, limits: Limits | None = None) -> Checker:
+               hidden=(), sanitize: Path | None = None, assignment: Assignment | None = None,
+               probes: str | None = None, limits: Limits | None = None) -> Checker:
         """Snapshot the solutions, the package and the sanitize file; find the sandbox.
 
         ``hidden`` folders (the submissions) are hidden from the sandboxed kernel, as are the
-        course checkout, the solutions and the home folder. ``limits`` (default: 4 GiB, 256
-        processes, 1 GiB of disk per kernel) bound every kernel (:mod:`.limits`).
+        course checkout, the solutions and the home folder. With an ``assignment`` the checker
+        is in grading mode: every notebook is graded against it, and the checks run in the
+        grader (:mod:`mha_course.grading.grader`), not in the learner's kernel. ``limits``
+        (default: 4 GiB, 256 processes, 1 GiB of disk per kernel) bound every kernel
+        (:mod:`mha_course.grading.limits`).
         """
         root = course_root()
         solutions_dir = Path(solutions_dir) if solutions_dir is not None else root / "solutions"
@@ -69,6 +82,11 @@ class Checker:
         bwrap, why = find_sandbox(sandbox)
         hidden = tuple(dict.fromkeys([root, solutions_dir, PACKAGE_DIR.parent, Path.home(),
                                       *hidden]))
+        if assignment is not None:
+            unknown = [x for x in assignment.exercises if x not in exercises(solutions)]
+            if unknown:
+                raise ExerciseError(f"the assignment has exercises the solutions do not: "
+                                    f"{' '.join(unknown)}")
         limits = limits if limits is not None else Limits()
         library = package_snapshot(str(PACKAGE_DIR))
         guard = FileGuard(restore=bwrap is None)  # only unsandboxed kernels can write them
@@ -81,9 +99,41 @@ class Checker:
             guard.add(sanitize)
         isolation = Isolation(library,
                               Path(sanitize).read_text(encoding="utf-8") if sanitize else None,
-                              bwrap, hidden, limits, find_enforcement(limits, bwrap is not None),
-                              guard)
-        return cls(solutions, solutions_dir, isolation, timeout, why, watched)
+                              bwrap, hidden, (GRADER_PLUGIN,) if assignment is not None else (),
+                              limits, find_enforcement(limits, bwrap is not None), guard)
+        return cls(solutions, solutions_dir, isolation, timeout, why, watched, assignment,
+                   probes)
+
+    @functools.cached_property
+    def catalog(self) -> dict:
+        """``{id: ExerciseInfo}`` of the solutions."""
+        return exercises(self.solutions)
+
+    @functools.cached_property
+    def course(self) -> frozenset:
+        """The course's own code cells (a lesson's demo cells are not a learner's cells)."""
+        return course_sources(self.solutions)
+
+    @functools.cached_property
+    def graded_bundle(self):
+        """Grading mode: the assignment's reference, its check cells marked for the grader."""
+        ref = build_bundle(self.assignment.exercises, self.solutions, stub=False)
+        remote = sorted({f for x in self.assignment.exercises for f in self.catalog[x].functions})
+        ref.metadata["mha_course"]["grader"] = {"remote": remote, "probes": self.probes,
+                                                "probe_seed": self.assignment.probe_seed}
+        for cell in ref.cells:
+            if info(cell).get("role") == "check":
+                cell.metadata["mha_course"]["grader"] = True
+        return ref
+
+    def reference(self, learner, path: Path):
+        """``(reference notebook, label, catalog for matching by name or None)``."""
+        if self.assignment is None:
+            return (*reference_for(learner, path, self.solutions), None)
+        title = self.assignment.title or "the assignment"
+        label = f"{title} ({' '.join(self.assignment.exercises)})"
+        graded = {x: self.catalog[x] for x in self.assignment.exercises}
+        return self.graded_bundle, label, graded
 
     def watch(self, paths, own: bool = False) -> None:
         """Read ``paths`` (submissions) now, before any learner code runs.
@@ -120,7 +170,7 @@ class Checker:
         """
         path = Path(path)
         learner = read_notebook(path, self.watched.get(path))  # as it was when the batch began
-        ref, label = reference_for(learner, path, self.solutions)
+        ref, label, graded = self.reference(learner, path)
         order = []
         for cell in ref.cells:
             exercise = info(cell).get("exercise")
@@ -128,7 +178,8 @@ class Checker:
                 order.append(exercise)
         decided: dict[str, Verdict] = {}
         for _ in range(len(order) + 1):
-            merged = merge_learner(ref, learner, stubbed=set(decided))
+            merged = merge_learner(ref, learner, stubbed=set(decided), catalog=graded,
+                                   course=self.course if graded else frozenset())
             records, backstop = run_nbval(merged.notebook, self.timeout, self.isolation,
                                           who=str(path))
             run = judge_run(order, merged.roles, records, self.timeout, backstop, decided)
@@ -146,7 +197,12 @@ class Checker:
         for exercise, notes in merged.notes.items():
             verdict = verdicts[exercise]
             verdicts[exercise] = dataclasses.replace(verdict, notes=notes + verdict.notes)
-        return NotebookResult(path, label, [verdicts[x] for x in order])
+        notes = []
+        if merged.ignored:
+            notes.append(f"your notebook also answers {' '.join(merged.ignored)}, which "
+                         f"{'is' if len(merged.ignored) == 1 else 'are'} not part of this "
+                         "assignment: not graded")
+        return NotebookResult(path, label, [verdicts[x] for x in order], notes=notes)
 
 
 def check_notebook(path: str | Path, solutions_dir: str | Path | None = None,

@@ -55,14 +55,17 @@ class Isolation:
 
     ``library`` is the snapshot of the package each run gets a copy of; ``sanitize`` the text
     of nbval's sanitize file (also a snapshot); ``bwrap`` the sandbox (None: unsandboxed);
-    ``hidden`` the folders the sandbox hides from the kernel; ``limits`` what each kernel may
-    use and ``enforcement`` how this machine enforces it; ``guard`` the files no run may change.
+    ``hidden`` the folders the sandbox hides from the kernel; ``plugins`` more pytest plugins
+    for the run (grading mode's :mod:`mha_course.grading.grader`); ``limits`` what each kernel
+    may use and ``enforcement`` how this machine enforces it; ``guard`` the files no run may
+    change.
     """
 
     library: Library
     sanitize: str | None = None
     bwrap: str | None = None
     hidden: tuple = field(default_factory=tuple)
+    plugins: tuple = field(default_factory=tuple)
     limits: Limits = field(default_factory=lambda: Limits(None, None, None))
     enforcement: Enforcement = field(default_factory=Enforcement)
     guard: FileGuard = field(default_factory=FileGuard)
@@ -290,6 +293,7 @@ def _run_in(tmp: Path, nb, cell_timeout, isolation: Isolation, total_timeout, ac
                **{RUN_MARK: mark})
     read_end, write_end = os.pipe()
     cmd = [sys.executable, "-m", "pytest", "-p", "nbval.plugin", "-p", PLUGIN,
+           *(arg for plugin in isolation.plugins for arg in ("-p", plugin)),
            "--mha-report-fd", str(write_end), "--mha-kernel", str(spec), "--nbval",
            "-p", "no:cacheprovider", "--color=no", "-q",
            "--nbval-cell-timeout", str(cell_timeout), "-c", str(folders.run / "pytest.ini"),

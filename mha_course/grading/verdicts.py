@@ -162,6 +162,32 @@ def with_limit(message: str, record: dict | None) -> str:
     return f"{message}\n{limit}" if limit else message
 
 
+_IN_FUNCTION = re.compile(r"\(in your function `([^`\n]{1,100})`\)")
+_CELL_FRAME = re.compile(r"^Cell In\[\d+\], line \d+, in ([A-Za-z_][\w.]*)")
+
+
+def timed_out_function(record: dict) -> str | None:
+    """The learner's function that was running when a cell timed out, if the record says.
+
+    The grader names it in its message (``(in your function `double`)``); nbval's record of an
+    interrupted cell has the kernel's traceback, whose innermost frame in a notebook cell is
+    the learner's (the checks live in the package's files).
+
+    >>> timed_out_function({"message": "Timeout of 5 seconds exceeded executing cell (in your "
+    ...                                "function `double`)"})
+    'double'
+    >>> timed_out_function({"message": "Timeout of 5 seconds", "error": {"traceback": [
+    ...     "Cell In[2], line 1", "Cell In[1], line 2, in double(x)"]}})
+    'double'
+    """
+    found = _IN_FUNCTION.search(record.get("message", ""))
+    if found:
+        return found.group(1)
+    names = [m.group(1) for frame in ((record.get("error") or {}).get("traceback") or [])
+             if (m := _CELL_FRAME.match(clean(frame)))]
+    return names[-1] if names else None
+
+
 def kernel_died(record: dict) -> bool:
     """Whether the record says the kernel was lost: it died, or ignored the timeout's interrupt."""
     message = record.get("message", "")
@@ -213,8 +239,12 @@ def exercise_verdict(exercise: str, cells, timeout: float) -> tuple[Verdict, boo
                 "segfault or out of memory?)", record)), True
         if message.startswith("Timeout of"):
             lost = kernel_died(record)
+            function = timed_out_function(record)
+            where = role.label if function is None else (
+                f"your function `{function}` (called by {role.label})" if role.role == "check"
+                else f"your function `{function}`, in {role.label}")
             return Verdict(exercise, "timed out", with_limit(
-                f"TIMED OUT after {timeout:g} s in {role.label}"
+                f"TIMED OUT after {timeout:g} s in {where}"
                 + ("; it ignored the interrupt, so its kernel was stopped" if lost else ""),
                 record)), lost
     for record, _ in cells:
