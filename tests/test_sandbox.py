@@ -20,11 +20,14 @@ import io
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
+import uuid
 from pathlib import Path
 
 import nbformat
@@ -355,3 +358,140 @@ def test_without_the_sandbox_no_write_changes_a_verdict_and_the_command_says_so(
     assert str(targets["solutions"]) in err and str(targets["victim"]) in err
     assert json.loads(targets["solutions"].read_text()) == {}
     assert code == 1
+
+
+# ------------------------------------------------------------------ stopping a command
+
+
+HUNG = "def double(x):\n    while True:\n        pass"
+
+
+def hung_notebook(tmp_path) -> Path:
+    from mha_course.grading.generate import generate
+
+    exercises = tmp_path / "exercises"
+    generate(ROOT / "tests" / "data" / "solutions", exercises)
+    nb = nbformat.read(exercises / "98_fixture.ipynb", as_version=4)
+    for cell in nb.cells:
+        meta = cell.metadata.get("mha_course", {})
+        if meta.get("role") == "solution" and meta["exercise"] == "98.1":
+            cell.source = HUNG
+    path = tmp_path / "hung.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
+def tagged(tag: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("MHA_COURSE_TEST_TAG") == tag and proc.status() != "zombie":
+                found.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def spins(proc: psutil.Process) -> bool:
+    """Whether ``proc`` is the kernel (not bwrap or the launcher) and has spun for 1 s."""
+    try:
+        cmd = proc.cmdline()
+        return (cmd[:3] == [sys.executable, "-m", "mha_course.grading.kernel"]
+                and proc.cpu_times().user > 1.0)
+    except (psutil.Error, OSError, IndexError):
+        return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_stops_a_run_with_a_hung_kernel_at_once_and_leaves_nothing(tmp_path, sig):
+    """Ctrl-C took 22 s and printed a traceback; SIGTERM left pytest, bwrap and a kernel
+    spinning, and temporary folders behind (issue 26)."""
+    notebook = hung_notebook(tmp_path)
+    tag, tmp = uuid.uuid4().hex, tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp), "MHA_COURSE_TEST_TAG": tag}
+    proc = subprocess.Popen([sys.executable, "-m", "mha_course", "check", notebook,
+                             "--solutions", ROOT / "tests" / "data" / "solutions",
+                             "--timeout", "600"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while True:  # until the kernel spins in the learner's loop
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            if any(spins(p) for p in tagged(tag)):
+                break
+            time.sleep(0.2)
+        assert len(tagged(tag)) >= 3  # the command, pytest and the kernel (and bwrap)
+        start = time.monotonic()
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+        took = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + sig
+    lines = [ln for ln in err.splitlines() if not ln.startswith("note: ")]
+    assert lines == [f"stopped by {signal.Signals(sig).name}: 1 run in progress stopped, their "
+                     "processes killed and temporary folders removed"], err
+    assert took < 2.0, f"stopping took {took:.2f} s"
+    for _ in range(50):  # killed processes vanish once their parent or init reaps them
+        if not tagged(tag):
+            break
+        time.sleep(0.1)
+    assert tagged(tag) == []
+    assert list(tmp.iterdir()) == []
+
+
+# ------------------------------------------------------- a checkout and a Python under /tmp
+
+
+@pytest.fixture
+def checkout_in_tmp():
+    """The course (package, solutions, test fixtures) copied under /tmp, with a virtual
+    environment of its own there: a learner's ``git clone ... /tmp/x && cd /tmp/x && make``.
+    The environment borrows this one's packages (a .pth file), so nothing is installed."""
+    base = Path(tempfile.mkdtemp(prefix="mha-course-clone-", dir="/tmp"))
+    try:
+        clone = base / "x"
+        for part in ("mha_course", "solutions", "exercises", "tests/data"):
+            shutil.copytree(ROOT / part, clone / part,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        shutil.copy(ROOT / "tests" / "nbval_sanitize.cfg", clone / "tests")
+        venv = clone / ".venv"
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
+        purelib = subprocess.run([venv / "bin" / "python", "-c",
+                                  "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                                 capture_output=True, text=True, check=True).stdout.strip()
+        ours = [p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()]
+        Path(purelib, "borrowed.pth").write_text(
+            "".join(f"import site; site.addsitedir({p!r})\n" for p in ours))
+        yield clone, venv / "bin" / "python"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_checkout_under_tmp_is_sandboxed_and_its_errors_are_one_line(checkout_in_tmp):
+    """The probe hid the checkout's own .venv under the private /tmp, so a fresh clone in
+    /tmp ran unsandboxed and the one-line error test failed there (issue 25)."""
+    require_sandbox()
+    clone, python = checkout_in_tmp
+    broken = clone / "broken.ipynb"
+    broken.write_text('{"cells": [')
+    fixtures = clone / "tests" / "data" / "solutions"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    probe = subprocess.run([python, "-c", "import sys, mha_course; print(sys.prefix, "
+                            "mha_course.__file__)"], cwd=clone, capture_output=True, text=True,
+                           env=env, check=True)
+    assert probe.stdout.split() == [str(clone / ".venv"), str(clone / "mha_course" /
+                                                                "__init__.py")]
+    out = subprocess.run([python, "-m", "mha_course", "check", broken, "--solutions", fixtures],
+                         cwd=clone, capture_output=True, text=True, env=env)
+    assert out.returncode == 2
+    assert out.stdout == "" and out.stderr.startswith(f"error: {broken}: not a notebook: the "
+                                                      "file is not valid JSON")
+    assert out.stderr.count("\n") == 1, out.stderr  # no "WITHOUT a sandbox" note either
+    out = subprocess.run([python, "-m", "mha_course", "check", fixtures / "98_fixture.ipynb",
+                          "--solutions", fixtures], cwd=clone, capture_output=True, text=True,
+                         env=env)
+    assert "WITHOUT a sandbox" not in out.stderr, out.stderr
+    assert "2 of 2 passed." in out.stdout, out.stdout + out.stderr
