@@ -15,7 +15,7 @@ NOTEBOOKS := $(filter-out $(APPENDICES),$(wildcard notebooks/*.ipynb)) $(wildcar
 NBVAL := -m pytest --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg \
     -p no:cacheprovider
 
-.PHONY: help lab app test lint unit nbval exercises notebook check assign bench clean-venv
+.PHONY: help lab app test lint unit nbval exercises notebook check assign bench clean-venv nbgrader
 
 help:
 	@echo "make lab    set up .venv and open the course in JupyterLab (127.0.0.1, token auth)"
@@ -56,6 +56,19 @@ app: $(VENV)/.installed-app
 	JUPYTER_PATH="$(CURDIR)/mha_course/widgets/voila_app$(if $(JUPYTER_PATH),:$(JUPYTER_PATH))" \
 	$(BIN)/voila notebooks/app.ipynb --Voila.config_file_paths="$(CURDIR)/mha_course/widgets/voila_app" \
 	    --port=$(APP_PORT) --token --Voila.log_level=INFO
+
+# nbgrader, for the nbgrader export's tests (tests/test_export_nbgrader.py): in an environment of its
+# own, so that its JupyterLab extensions stay out of `make lab`. It borrows .venv's packages (a .pth
+# file), so only nbgrader and what it adds are installed. `make test` skips those tests without it,
+# unless MHA_COURSE_REQUIRE_NBGRADER=1 (CI).
+NBGRADER_VENV := .venv-nbgrader
+NBGRADER_VERSION := 0.9.6
+nbgrader: $(NBGRADER_VENV)/bin/nbgrader
+$(NBGRADER_VENV)/bin/nbgrader: $(VENV)/.installed-test
+	$(BIN)/python -m venv $(NBGRADER_VENV)
+	$(NBGRADER_VENV)/bin/python -c "import sysconfig; open(sysconfig.get_path('purelib') + '/mha-course-venv.pth', 'w').write('import site; site.addsitedir(%r)\n' % '$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')')"
+	$(NBGRADER_VENV)/bin/python -m pip install -q nbgrader==$(NBGRADER_VERSION)
+	touch $@
 
 # ruff lints the notebooks' code cells too (lessons, solutions, generated exercises).
 lint: $(VENV)/.installed-test

@@ -33,6 +33,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from mha_course.grading import check as check_module
 from mha_course.grading import limits as lim
 from mha_course.grading import sandbox
 from mha_course.grading.cli import main
@@ -254,7 +255,12 @@ def hostile_class(request, tmp_path_factory):
     before = {p: p.read_bytes() for p in [*subs.iterdir(), *solutions.iterdir()]}
     args = ["check", subs, "--jobs", 2, "--solutions", solutions, "--csv", tmp / "results.csv",
             *LIMIT_FLAGS] + ([] if boxed else ["--no-sandbox"])
-    code, out, err = run_cli(*args, cwd=tmp)
+    with pytest.MonkeyPatch.context() as patch:  # without the sandbox the checker restores
+        # the package files a run changed: let it guard a copy, not the checkout being edited
+        shutil.copytree(ROOT / "mha_course", tmp / "package" / "mha_course",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        patch.setattr(check_module, "PACKAGE_DIR", tmp / "package" / "mha_course")
+        code, out, err = run_cli(*args, cwd=tmp)
     after = {p: p.read_bytes() if p.exists() else None for p in before}
     return {"boxed": boxed, "code": code, "out": out, "err": err, "reports": reports_of(out),
             "before": before, "after": after, "subs": subs, "solution": solution,

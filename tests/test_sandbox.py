@@ -34,6 +34,7 @@ import nbformat
 import psutil
 import pytest
 
+from mha_course.grading import check as check_module
 from mha_course.grading import sandbox
 from mha_course.grading.check import Checker
 from mha_course.grading.cli import main
@@ -90,10 +91,15 @@ def test_the_bwrap_command_hides_what_it_must_and_binds_only_the_runs_folders(tm
         assert f"--tmpfs {solutions}" in text and f"--remount-ro {solutions}" in text
     assert f"--tmpfs {in_tmp}" not in text  # inside /tmp: already hidden by the private /tmp
     assert "--remount-ro /tmp " not in text  # the private /tmp stays the kernel's to write
-    lib, work = folders.lib.resolve(), folders.work.resolve()
-    assert f"--ro-bind {lib} {lib}" in text and f"--bind {work} {work}" in text
+    lib, kernel = folders.lib.resolve(), folders.kernel.resolve()
+    assert f"--ro-bind {lib} {lib}" in text and f"--bind {kernel} {kernel}" in text
+    assert str(folders.work.resolve()) not in text  # it works in its private /tmp instead
     assert "--tmpfs / " not in text + " "  # "/" itself is never hidden
-    assert args[args.index("--chdir") + 1] == str(work) and args[-1] == "--"
+    assert args[args.index("--chdir") + 1] == "/tmp/work" and args[-1] == "--"
+    assert "--dir /tmp/work" in text and "--unshare-cgroup-try" in text
+    sized = bwrap_command("/usr/bin/bwrap", folders, disk=12345)
+    assert sized[sized.index("--size") + 1:sized.index("--size") + 4] == [
+        "12345", "--tmpfs", "/tmp"]  # the disk limit bounds /tmp, the home and working folder
     if os.geteuid() == 0:
         assert "--cap-drop ALL" in text  # root without capabilities cannot remount rw
 
@@ -251,6 +257,7 @@ def hostile_class(tmp_path, attacks_for) -> tuple[Path, Path, dict]:
     victim = subs / "zoe.ipynb"
     shutil.copy(EXERCISE_03, victim)
     targets = {"victim": victim, "solutions": solutions / EXERCISE_03.name}
+    targets["before"] = {p: p.read_bytes() for p in (victim, targets["solutions"])}
     nb = nbformat.read(EXERCISE_03, as_version=4)
     first = next(i for i, c in enumerate(nb.cells)
                  if c.metadata.get("mha_course", {}).get("role") == "solution")
@@ -338,6 +345,18 @@ def test_each_attack_fails_inside_the_sandbox_with_a_note(sandboxed_attack, need
     assert notes and all(error in line for line in notes), ada
 
 
+@contextlib.contextmanager
+def package_copy(folder: Path):
+    """The checker runs (and guards) a copy of the package in ``folder``, not the checkout's:
+    without the sandbox the checker restores a package file that changed during a run, and an
+    edit made to the checkout while the tests run must not be taken for a submission's."""
+    shutil.copytree(ROOT / "mha_course", folder / "mha_course",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(check_module, "PACKAGE_DIR", folder / "mha_course")
+        yield folder / "mha_course"
+
+
 def test_without_the_sandbox_no_write_changes_a_verdict_and_the_command_says_so(tmp_path):
     """Writes succeed on disk without bwrap; the snapshots keep every verdict honest."""
     def attacks(targets):  # only temporary files here: nothing outside tmp_path is written
@@ -346,8 +365,9 @@ def test_without_the_sandbox_no_write_changes_a_verdict_and_the_command_says_so(
         return [cells[1], cells[2], cells[3]]  # own package copy, solutions, classmate
 
     subs, solutions, targets = hostile_class(tmp_path, attacks)
-    code, out, err = run_cli("check", subs, "--jobs", 1, "--no-sandbox", "--solutions",
-                             solutions, "--csv", tmp_path / "results.csv", cwd=tmp_path)
+    with package_copy(tmp_path / "package"):
+        code, out, err = run_cli("check", subs, "--jobs", 1, "--no-sandbox", "--solutions",
+                                 solutions, "--csv", tmp_path / "results.csv", cwd=tmp_path)
     ada, zoe = ada_and_zoe(out)
     assert zoe.count("not attempted") == N_EXERCISES_03 + 1, zoe
     # its own copy of the package changed on disk, but the checks were loaded before its code
@@ -356,7 +376,12 @@ def test_without_the_sandbox_no_write_changes_a_verdict_and_the_command_says_so(
     assert err.count("learners' code runs WITHOUT a sandbox: --no-sandbox was given") == 1
     assert "warning: these files changed on disk during the check" in err
     assert str(targets["solutions"]) in err and str(targets["victim"]) in err
-    assert json.loads(targets["solutions"].read_text()) == {}
+    # both written files were put back after the attacker's run; what it wrote is kept beside
+    for path in (targets["solutions"], targets["victim"]):
+        assert f"{path}: changed while " in err and "restored as it was before the check" in err
+        assert path.read_bytes() == targets["before"][path]
+    kept = targets["solutions"].with_name(targets["solutions"].name + ".changed-during-check")
+    assert json.loads(kept.read_text()) == {}
     assert code == 1
 
 

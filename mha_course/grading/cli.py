@@ -43,6 +43,9 @@ from .assignment import (
 from .bundle import assign
 from .catalog import exercises, parse_ids
 from .check import Checker
+from .export import choose
+from .export_gradescope import export_gradescope
+from .export_nbgrader import export_nbgrader
 from .feedback import write_feedback
 from .generate import find_stale, generate
 from .grade import check_class
@@ -140,6 +143,34 @@ def _parser() -> argparse.ArgumentParser:
     asg.add_argument("--force", action="store_true",
                      help="overwrite FILE and its .assignment.json if they exist")
     asg.add_argument("--solutions", type=Path, help="solution notebooks (default: solutions/)")
+
+    exp = sub.add_parser("export", help="the chosen exercises for nbgrader or Gradescope")
+    targets = exp.add_subparsers(dest="target", required=True)
+    for target, what in (("nbgrader", "an nbgrader course folder (source assignment, config, "
+                                      "README, the course's wheel)"),
+                         ("gradescope", "a Gradescope autograder zip (setup.sh, run_autograder, "
+                                        "the course's wheel) and the students' starter")):
+        one = targets.add_parser(target, help=what)
+        one.add_argument("ids", nargs="*", metavar="ID",
+                         help="exercise ids as for assign: 03.1 3.2 '4.1,4.5'; a lesson (03)")
+        one.add_argument("-o", "--output", type=Path, required=True,
+                         metavar="FOLDER" if target == "nbgrader" else "FILE.zip",
+                         help="the course folder to write into" if target == "nbgrader" else
+                         "the autograder zip to write (the starter notebook goes beside it)")
+        one.add_argument("--assignment", type=Path, metavar="FILE",
+                         help="take the exercises, points, title and due date from this "
+                              "assignment file (what `assign` wrote) instead of ids")
+        one.add_argument("--points", action="append", metavar="ID=N,...",
+                         help="points per exercise (default: its stars), e.g. 03.1=2,04.5=4")
+        one.add_argument("--title", default="", help="the assignment's title")
+        one.add_argument("--due", metavar="WHEN", help="due date, ISO 8601 (2025-03-14T23:59)")
+        one.add_argument("--name", metavar="NAME",
+                         help="the assignment's name (default: from the title or the ids)")
+        one.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+                         help=f"the cell timeout when grading (default {DEFAULT_TIMEOUT})")
+        one.add_argument("--force", action="store_true", help="overwrite files that exist")
+        one.add_argument("--solutions", type=Path,
+                         help="solution notebooks (default: solutions/)")
 
     tdy = sub.add_parser("tidy", help="maintainers: kernelspec, no timing metadata, no widget "
                                       "state, nbval markers as tags")
@@ -394,6 +425,27 @@ def _assign(args) -> int:
     return 0
 
 
+def _export(args) -> int:
+    solutions = _solutions(args.solutions)
+    if args.timeout <= 0:
+        raise ExerciseError("--timeout must be a positive number of seconds")
+    hw = choose(args.ids, args.assignment, args.points, args.title, args.due, solutions)
+    if args.target == "nbgrader":
+        written = export_nbgrader(hw, args.output, solutions, args.name, args.force,
+                                  args.timeout)
+    else:
+        written = export_gradescope(hw, args.output, solutions, args.name, args.force,
+                                    args.timeout)
+    print(f"exported exercises {' '.join(hw.exercises)} ({number(hw.max_points)} points) for "
+          f"{args.target}:")
+    for path in written:
+        print(f"  wrote {path}")
+    readme = next((p for p in written if p.name == "README.md"), None)
+    if readme is not None:
+        print(f"next: read {readme}")
+    return 0
+
+
 def _tidy(args) -> int:
     untidy = 0
     for path in args.paths:
@@ -415,7 +467,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m mha_course`` and the ``mha-course`` script."""
     args = _parser().parse_args(argv)
     try:
-        commands = {"generate": _generate, "check": _check, "assign": _assign, "tidy": _tidy}
+        commands = {"generate": _generate, "check": _check, "assign": _assign, "tidy": _tidy,
+                    "export": _export}
         return commands[args.command](args)
     except ExerciseError as exc:
         print(f"error: {exc}", file=sys.stderr)
