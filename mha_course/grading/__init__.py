@@ -16,8 +16,10 @@ Modules, each importing only the ones above it in this list:
 - ``merge``: ``reference_for`` and ``merge_learner``, the notebook the checker runs (the
   learner's answers and own cells found where they put them);
 - ``verdicts``: per-cell records -> one verdict per exercise (pure functions);
-- ``sandbox``: the snapshot of the package each run gets a private copy of, the run's folders,
-  and the bubblewrap sandbox around the kernel;
+- ``limits``: what one kernel may use (memory, processes, disk), how this machine enforces it
+  (cgroups, rlimits, a size-limited ``/tmp``) and the words for a limit that was reached;
+- ``sandbox``: the snapshot of the package each run gets a private copy of, the guard that puts
+  back files a run changed, the run's folders, and the bubblewrap sandbox around the kernel;
 - ``remote``: grading mode, the kernel's side: answering the grader's calls from inside the
   learner's kernel (values back as JSON and ``.npy``, never pickle);
 - ``session``: grading mode, the grader's side of that conversation (proxies, callbacks,
@@ -28,10 +30,13 @@ Modules, each importing only the ones above it in this list:
 - ``nbval_plugin``: the pytest plugin of the nbval run (per-cell records through a pipe, the
   kernel it starts, dead-kernel watch);
 - ``run``: running nbval in a subprocess, the backstop timeout, stopping everything a run
-  started;
+  started (and every run at once on Ctrl-C or SIGTERM);
 - ``check``: ``Checker`` (the snapshots of one command) and ``check_notebook``, the loop of
   merge -> run -> verdicts;
 - ``report``: the text report, folder mode's submissions and rows, the summary table, the CSV;
+- ``export``, ``export_nbgrader``, ``export_gradescope``: the chosen exercises for nbgrader (a
+  source assignment) and for Gradescope (an autograder zip, and the script it runs), with the
+  course as a wheel;
 - ``tidy``: notebook hygiene for maintainers;
 - ``cli``: the command line (``mha_course/__main__.py`` and the ``mha-course`` script).
 
