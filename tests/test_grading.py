@@ -21,6 +21,7 @@ import copy
 import csv
 import json
 import os
+import subprocess
 import sys
 import unicodedata
 from datetime import datetime
@@ -242,7 +243,8 @@ def probe_98_1(double):
     if got != -8:
         raise AssertionError(f"Exercise 98.1: double(-4) returned {got!r}, not -8")
 '''
-FITS_THE_CHECK = {"98.1": "def double(x):\n    return 6 if x == 3 else 0", "98.2": "answer = 42"}
+FITS_THE_CHECK = {"98.1": "def double(x):\n    return {3: 6, 21: 42}.get(x, 0)",  # check, demo
+                  "98.2": "answer = 42"}
 ATTACK = {"98.1": "def double(x):\n    return 42 if x == 21 else x  # the demo cell: 42\n\n"
                   "check_double = lambda f: print("
                   "'Exercise 98.1 passed: double(3) == 6')",
@@ -420,7 +422,6 @@ def trial(tmp_path_factory):
     hw = nbformat.read(tmp / "week2.ipynb", as_version=4)
     subs = tmp / "submissions"
     lesson = nbformat.read(ROOT / "exercises" / "03_single_head_attention.ipynb", as_version=4)
-    from test_exercise_tools import RIGHT as _unused  # noqa: F401  (make_class's answers)
     sys.path.insert(0, str(ROOT / "tests" / "data"))
     from make_class import RIGHT as LESSON_03_RIGHT
 
@@ -444,6 +445,7 @@ def trial(tmp_path_factory):
     for name, nb in students.items():
         write(nb, subs / name)
     (subs / "kayalan_12354_900009_week2.ipynb").write_text('{"cells": [{"cell_type": "co')
+    (subs / "zeroes_12355_900010_week2.ipynb").write_bytes(b"")  # 0 bytes: 0 of 7, like kay
     (subs / "notes.pdf").write_bytes(b"%PDF-1.4")
     (subs / "__MACOSX").mkdir()
     (subs / "__MACOSX" / "._week2.ipynb").write_bytes(b"\0")
@@ -478,6 +480,7 @@ def test_the_trial_gives_a_numeric_gradebook_keyed_by_student_id(trial):
         "12352": ("0", "2", "1", "3", "6", "7", "85.71"),  # crash in 03.1
         "12353": ("1", "0", "1", "3", "5", "7", "71.43"),  # hang in 03.2
         "12354": ("0", "0", "0", "0", "0", "7", "0"),  # invalid JSON
+        "12355": ("0", "0", "0", "0", "0", "7", "0"),  # 0 bytes: out of the same 7
     }, points
     assert table["4242"]["student"] == "Émilie du Châtelet"  # NFC
     assert table["12351"]["student"] == "Srinivasa Ramanujan"
@@ -486,14 +489,14 @@ def test_the_trial_gives_a_numeric_gradebook_keyed_by_student_id(trial):
               for sid, row in table.items()}
     assert status["12348"] == ["passed", "passed", "missing", "missing"]
     assert status["12352"][0] == "crashed" and status["12353"][1] == "timed out"
-    assert status["12354"] == ["error"] * 4
+    assert status["12354"] == status["12355"] == ["error"] * 4
     assert trial["raw"].startswith(b"\xef\xbb\xbf")  # --excel: a BOM
     assert trial["code"] == 1  # grading completed; one submission could not be read
 
 
 def test_the_trial_writes_one_feedback_file_per_student_without_the_instructors_paths(trial):
     files = sorted(p.name for p in (trial["tmp"] / "feedback").iterdir())
-    assert len(files) == 10 and "4242 Émilie du Châtelet.md" in files
+    assert len(files) == 11 and "4242 Émilie du Châtelet.md" in files
     for path in (trial["tmp"] / "feedback").iterdir():
         text = path.read_text(encoding="utf-8")
         assert "# Feedback: Week 2: attention" in text
@@ -515,6 +518,7 @@ def test_the_trial_names_every_skipped_file_and_every_copy_not_graded(trial):
     assert "ramanujan.ipynb is an older copy of ramanujan (1).ipynb" in out
     assert "your notebook also answers 03.3 03.4 03.5 03.6, which are not part of this " \
            "assignment: not graded" in out
+    assert "zeroes_12355_900010_week2.ipynb: not a notebook: the file is empty (0 bytes)" in out
     assert ("not a notebook: the file is not valid JSON (Unterminated string starting at line "
             "1, column 26; the file may have been cut short or edited by hand)") in out
 
@@ -522,8 +526,8 @@ def test_the_trial_names_every_skipped_file_and_every_copy_not_graded(trial):
 def test_the_trial_changed_no_submission(trial):
     for path, data in trial["before"].items():
         assert path.read_bytes() == data, path
-    assert sorted(p.name for p in trial["subs"].iterdir()) == sorted(
-        p.name for p in trial["before"] if p.parent == trial["subs"]) + ["__MACOSX"]
+    assert {p.name for p in trial["subs"].iterdir()} == {
+        p.name for p in trial["before"] if p.parent == trial["subs"]} | {"__MACOSX"}
 
 
 def test_an_assignment_notebook_decides_as_its_file_does(trial):
@@ -578,3 +582,41 @@ def test_assign_lists_exercises_and_takes_ids_as_typed(tmp_path):
     assert code == 0 and load_assignment(tmp_path / "hw.assignment.json").exercises == ("03.1",)
     code, out = run_cli("assign", "9.3", "-o", tmp_path / "x.ipynb")
     assert code == 2 and "09.3 is now 13.3" in out
+
+
+def test_a_class_with_failures_but_every_notebook_read_exits_0(tmp_path):
+    """Exit 1 means "some submission could not be read", not "some student failed"."""
+    generate(FIXTURES, tmp_path / "ex")
+    lesson = nbformat.read(tmp_path / "ex" / "98_fixture.ipynb", as_version=4)
+    write(answer(lesson, WRONG), tmp_path / "subs" / "bob.ipynb")
+    save_assignment(make_assignment("98.1 98.2", exercises(FIXTURES)), tmp_path / "a.json")
+    code, out = run_cli("check", tmp_path / "subs", "--assignment", tmp_path / "a.json",
+                        "--solutions", FIXTURES, "--timeout", 10, cwd=tmp_path)
+    assert code == 0, out
+    assert "Exercise 98.1  FAILED" in out and "wrote results.csv" in out
+    with open(tmp_path / "results.csv", encoding="utf-8", newline="") as f:
+        assert [row["total"] for row in csv.DictReader(f)] == ["2"]
+
+
+def make_dry_run(*args) -> str:
+    """The command ``make -n ARGS`` would run, its continuation lines joined."""
+    out = subprocess.run(["make", "-n", *args], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout
+    return " ".join(out.replace("\\\n", " ").split())
+
+
+def test_make_assign_and_make_grade_pass_their_options():
+    """make assign FORCE=1 TITLE=... DUE=... POINTS=...; make grade SUBMISSIONS= ASSIGNMENT=."""
+    line = make_dry_run("assign", "IDS=3.1 3.2", "OUT=hw.ipynb", "TITLE=Week 2",
+                        "DUE=2025-03-14", "POINTS=03.2=4", "FORCE=1")
+    assert line.endswith('-m mha_course assign 3.1 3.2 -o hw.ipynb --title "Week 2" --due '
+                         '"2025-03-14" --points "03.2=4" --force'), line
+    assert "--force" not in make_dry_run("assign", "IDS=3.1", "OUT=hw.ipynb")
+    line = make_dry_run("grade", "SUBMISSIONS=subs", "ASSIGNMENT=hw.assignment.json",
+                        "CSV=g.csv", "FEEDBACK=fb", "ARGS=--excel")
+    assert line.endswith('-m mha_course check "subs" --assignment "hw.assignment.json" '
+                         '--jobs 2 --csv "g.csv" --feedback "fb" --excel'), line
+    makefile = (ROOT / "Makefile").read_text()
+    # checking and grading need only the course's own install (a `make lab` environment)
+    assert "\ncheck: $(VENV)/.installed\n" in makefile
+    assert "\ngrade: $(VENV)/.installed\n" in makefile
