@@ -133,7 +133,8 @@ def test_the_file_round_trips_refuses_to_overwrite_and_names_what_is_wrong(tmp_p
     assert load_assignment(path).exercises == ("03.1",)
 
     bad = {
-        "not json": ("{", "not valid JSON (line 1"),
+        "not json": ("{", "not valid JSON (Expecting property name enclosed in double quotes "
+                          "at line 1, column 2)"),
         "a list": ("[]", "not an assignment (expected a JSON object)"),
         "another format": ('{"format": "x"}', "not an assignment file"),
         "newer": (json.dumps({**data, "version": 2}), "written by a newer mha-course"),

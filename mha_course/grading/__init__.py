@@ -33,7 +33,13 @@ Modules, each importing only the ones above it in this list:
   started (and every run at once on Ctrl-C or SIGTERM);
 - ``check``: ``Checker`` (the snapshots of one command) and ``check_notebook``, the loop of
   merge -> run -> verdicts;
-- ``report``: the text report, folder mode's submissions and rows, the summary table, the CSV;
+- ``report``: the text report, folder mode's rows, the summary table, the CSV;
+- ``intake``: a folder as an LMS download has it (Canvas and Moodle names, late markers, a
+  roster, the newest of several copies, every skipped file named);
+- ``gradebook``: grading mode's rows (points from the assignment), its table and its CSV;
+- ``feedback``: one Markdown feedback file per student, without this machine's paths;
+- ``outputs``: where a run writes its results, decided (or refused) before any work;
+- ``grade``: checking a class: intake, the checks in parallel, a report per submission;
 - ``export``, ``export_nbgrader``, ``export_gradescope``: the chosen exercises for nbgrader (a
   source assignment) and for Gradescope (an autograder zip, and the script it runs), with the
   course as a wheel;

@@ -260,8 +260,9 @@ def load_assignment(path: str | Path) -> Assignment:
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path}: cannot read it ({exc})") from None
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: "
-                         f"{exc.msg})") from None
+        at = "" if exc.msg.endswith(" at") else " at"
+        raise ValueError(f"{path}: not valid JSON ({exc.msg}{at} line {exc.lineno}, column "
+                         f"{exc.colno})") from None
     if path.suffix.lower() == ".ipynb":
         meta = data.get("metadata", {}).get("mha_course", {}) if isinstance(data, dict) else {}
         spec = meta.get(NOTEBOOK_KEY) if isinstance(meta, dict) else None

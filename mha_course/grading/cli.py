@@ -4,8 +4,10 @@
 
 - ``generate``: rebuild ``exercises/`` from ``solutions/`` (what ``make exercises`` runs).
 - ``check``: the learner's verdict on a notebook (``make check EX=03``), or an instructor's
-  table over a folder of submissions.
-- ``assign``: bundle chosen exercises into one assignment notebook.
+  table over a folder of submissions; with ``--assignment`` (``make grade``) a class graded
+  against the assignment: the gradebook CSV, feedback files, checks run in the grader.
+- ``assign``: bundle chosen exercises into one assignment notebook and its
+  ``.assignment.json`` (``--list`` shows every exercise).
 - ``tidy``: notebook hygiene for maintainers (``make notebook NB=...`` runs it after executing).
 
 Exit codes of ``check`` on notebooks (a learner's own check): 0 every exercise passed; 1 some

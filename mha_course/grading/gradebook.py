@@ -45,7 +45,7 @@ class GradeRow:
 
     @property
     def percent(self) -> float:
-        return round(100.0 * self.total / self.max_points, 1) if self.max_points else 0.0
+        return round(100.0 * self.total / self.max_points, 2) if self.max_points else 0.0
 
     @property
     def statuses(self) -> dict:

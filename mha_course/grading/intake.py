@@ -246,7 +246,8 @@ def _apply_roster(sub: Submission, roster: dict | None) -> None:
         if key in roster:
             sub.name, sub.student_id = roster[key].name, roster[key].id
             return
-    sub.notes.append(f"{sub.source.name} is not in the roster")
+    if not sub.student_id:
+        sub.notes.append(f"{sub.source.name} is not in the roster")
 
 
 def _newest_copies(found: list[Submission]) -> list[Submission]:

@@ -180,7 +180,8 @@ def classify(ref, learner, catalog=None, course=frozenset()) -> list[LearnerCell
     by_id = {c.get("id"): c for c in ref.cells if c.get("id")}
     solution_exercises = {info(c)["exercise"] for c in ref.cells
                           if info(c).get("role") == "solution"}
-    ref_sources = {_norm(c.source) for c in ref.cells if c.cell_type == "code"}
+    ref_sources = {_norm(c.source) for c in ref.cells
+                   if c.cell_type == "code" and info(c).get("role") != "solution"}
     ref_checks = {_norm(c.source): info(c)["exercise"] for c in ref.cells
                   if info(c).get("role") == "check"}
     found = []
@@ -197,13 +198,14 @@ def classify(ref, learner, catalog=None, course=frozenset()) -> list[LearnerCell
             role, exercise = "check", ref_checks[source]  # a check cell whose id was lost
         elif ref_cell is None and source not in ref_sources and source not in course:
             role, exercise, note = _by_name(cell, role, exercise, catalog, solution_exercises)
+        if ref_cell is not None and catalog and role == "solution":
+            note = _moved_note(info(cell).get("exercise"), exercise)  # an old id, same cell
         if role == "extra":
             found.append(LearnerCell(number, cell.source, "extra", exercise))
-        elif role == "solution" and exercise in solution_exercises and note:
-            found.append(LearnerCell(number, cell.source, "answer", exercise, None, note=note))
         elif role == "solution" and exercise in solution_exercises:
             target = cell.get("id") if ref_cell is not None else None
-            found.append(LearnerCell(number, cell.source, "answer", exercise, target))
+            found.append(LearnerCell(number, cell.source, "answer", exercise, target,
+                                     note=note))
         elif role == "check" and exercise in solution_exercises:
             found.append(LearnerCell(number, cell.source, "check", exercise))
         elif source in ref_sources or source in course:

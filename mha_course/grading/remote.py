@@ -41,6 +41,8 @@ from ..checks.measure import traced
 
 #: Longest message or name the kernel reports (the rest is cut).
 TEXT_LIMIT = 2_000
+#: The longest message either side reads (1 GiB): a result larger than this is an error.
+FRAME_LIMIT = 1 << 30
 #: Containers deeper than this come back as references.
 DEPTH_LIMIT = 40
 #: Exceptions the grader re-raises as themselves (by name); others become subclasses of the
@@ -103,11 +105,27 @@ def encode(obj, refs: dict, depth: int = 0):
             "callable": callable(obj)}
 
 
-def _ref(obj, refs: dict) -> int:
-    for key, value in refs.items():
-        if value is obj:
+class Refs(dict):
+    """The kernel's objects the grader holds references to: ``{key: object}``, found by identity."""
+
+    def __init__(self):
+        super().__init__()
+        self.keys_by_id: dict[int, int] = {}
+
+    def add(self, obj) -> int:
+        key = self.keys_by_id.get(id(obj))
+        if key is not None and self[key] is obj:
             return key
-    key = len(refs) + 1
+        key = len(self) + 1
+        self[key] = obj
+        self.keys_by_id[id(obj)] = key
+        return key
+
+
+def _ref(obj, refs) -> int:
+    if isinstance(refs, Refs):
+        return refs.add(obj)
+    key = len(refs) + 1  # a plain dict: values the grader only reads (a Generator's state)
     refs[key] = obj
     return key
 
@@ -169,7 +187,7 @@ class Server:
     """
 
     def __init__(self, ask, namespace: dict):
-        self.ask, self.namespace, self.refs = ask, namespace, {}
+        self.ask, self.namespace, self.refs = ask, namespace, Refs()
 
     def loop(self, prompt: dict, until_reply: bool = False):
         """Answer requests until the grader says "done" (or, in a callback, sends its reply)."""
@@ -265,9 +283,12 @@ def send_frame(sock, text: str) -> None:
 
 
 def recv_frame(sock) -> str:
-    """The next message :func:`send_frame` sent (blocking); EOFError when the socket closed."""
-    head = _recv_exactly(sock, 8)
-    return _recv_exactly(sock, int.from_bytes(head, "big")).decode("utf-8")
+    """The next message :func:`send_frame` sent (blocking); EOFError when the socket closed,
+    ValueError for a message longer than :data:`FRAME_LIMIT`."""
+    size = int.from_bytes(_recv_exactly(sock, 8), "big")
+    if size > FRAME_LIMIT:
+        raise ValueError(f"a message of {size} bytes, more than {FRAME_LIMIT}")
+    return _recv_exactly(sock, size).decode("utf-8")
 
 
 def _recv_exactly(sock, n: int) -> bytes:

@@ -322,7 +322,7 @@ class Session:
                         self.kernel.stop()
                     self.conn, self.open = None, False
                     raise RemoteTimeout(self.current or "the check", interrupted=False) from None
-                except (EOFError, OSError):
+                except (EOFError, OSError, ValueError, UnicodeDecodeError):
                     self.conn = None
                     self.open = False
                     if not self.kernel.is_alive():
