@@ -152,6 +152,47 @@ def test_the_checker_hides_the_checkout_solutions_home_and_submissions(tmp_path)
         ROOT / "mha_course" / "checks" / "harness.py").read_bytes()
 
 
+def test_the_guard_restores_changed_and_deleted_files_and_keeps_what_it_found(tmp_path):
+    nb = nbformat.writes(nbformat.v4.new_notebook()).encode()
+    files = {name: tmp_path / name for name in ("ada.ipynb", "bob.ipynb", "mine.ipynb",
+                                                "gone.ipynb", "checks.py")}
+    for name, path in files.items():
+        path.write_bytes(b"x = 1\n" if name.endswith(".py") else nb)
+    os.utime(files["ada.ipynb"], ns=(10**18, 10**18))
+    guard = sandbox.FileGuard(restore=True)
+    for name, path in files.items():
+        guard.add(path, own=name in ("mine.ipynb", "gone.ipynb"))
+    assert guard.verify(("zed.ipynb",)) == []
+    files["ada.ipynb"].write_text("{}")  # a classmate's notebook emptied by a submission
+    files["checks.py"].write_text("x = 2\n")  # the grader's file
+    files["mine.ipynb"].write_bytes(nb.replace(b'"cells": []', b'"cells": [] '))  # a save
+    files["gone.ipynb"].unlink()  # a learner's own notebook deleted by their code
+    (tmp_path / "bob.ipynb.changed-during-check").write_text("an older one")
+    files["bob.ipynb"].write_text("not json")
+    changes = {c.path.name: c for c in guard.verify(("zed.ipynb", "amy.ipynb"))}
+    assert sorted(changes) == ["ada.ipynb", "bob.ipynb", "checks.py", "gone.ipynb", "mine.ipynb"]
+    for name in ("ada.ipynb", "bob.ipynb", "gone.ipynb"):
+        assert files[name].read_bytes() == nb and changes[name].restored
+    assert files["checks.py"].read_text() == "x = 1\n"
+    assert files["ada.ipynb"].stat().st_mtime_ns == 10**18  # its time stamp too
+    assert (tmp_path / "ada.ipynb.changed-during-check").read_text() == "{}"
+    assert (tmp_path / "bob.ipynb.changed-during-check").read_text() == "an older one"
+    assert (tmp_path / "bob.ipynb.changed-during-check-2").read_text() == "not json"
+    assert changes["gone.ipynb"].kept is None
+    assert not changes["mine.ipynb"].restored and files["mine.ipynb"].read_bytes() != nb
+    assert changes["ada.ipynb"].describe() == (
+        f"{files['ada.ipynb']}: changed while amy.ipynb, zed.ipynb were being checked; restored "
+        "as it was before the check, the changed bytes kept in ada.ipynb.changed-during-check "
+        "beside it")
+    assert changes["mine.ipynb"].describe().endswith("; left as it is now")
+    assert guard.verify(()) == []  # each change is reported once
+    boxed = sandbox.FileGuard(restore=False)  # in the sandbox only an editor can write them
+    boxed.add(files["checks.py"])
+    files["checks.py"].write_text("x = 3\n")
+    assert [c.restored for c in boxed.verify(())] == [False]
+    assert files["checks.py"].read_text() == "x = 3\n"
+
+
 def test_without_bwrap_the_reason_says_how_to_install_it(monkeypatch):
     monkeypatch.setattr(shutil, "which", lambda name: None)
     bwrap, why = sandbox.find_sandbox.__wrapped__(True)

@@ -310,11 +310,14 @@ def apply_rlimits(spec: str | None) -> None:
     for item in spec.split(","):
         key, _, value = item.partition("=")
         if key in names and value.isdigit():
-            soft, hard = resource.getrlimit(names[key])
-            want = int(value)
-            if hard != resource.RLIM_INFINITY:
-                want = min(want, hard)
-            resource.setrlimit(names[key], (want, want))
+            try:
+                _, hard = resource.getrlimit(names[key])
+                want = int(value)
+                if hard != resource.RLIM_INFINITY:
+                    want = min(want, hard)
+                resource.setrlimit(names[key], (want, want))
+            except (OSError, ValueError):
+                continue  # a system that cannot set this one (macOS and RLIMIT_AS): not here
 
 
 def limit_message(limits: Limits, ename: str, evalue: str) -> str | None:
