@@ -301,7 +301,8 @@ def test_a_check_replaced_in_the_kernel_passes_a_learner_and_fails_in_grading(fi
 def test_the_instructors_probes_catch_an_answer_that_only_fits_the_check(fixture_grading):
     assert fixture_grading[("learner", "fits")]["98.1"].status == "passed"
     graded = fixture_grading[("graded", "fits")]["98.1"]
-    assert graded.status == "failed" and graded.message == "double(-4) returned 0, not -8"
+    assert graded.status == "failed" and graded.message == (
+        "double(-4) returned 0, not -8\n(found by the instructor's own probe)")
 
 
 # ------------------------------------------------------- lesson 03: an attack per exercise
