@@ -361,7 +361,7 @@ def _merge_variant(outs, lses, weights="right", lse="right"):
 def check_merge_chunks(fn) -> None:
     """Exercise 07.6: ``merge_chunks(outs, lses) -> (out, lse)`` of the whole key range."""
     ex = "07.6"
-    rng = np.random.default_rng(706)
+    rng = check_rng(706)
     # (T, S, d_k, d_v, chunk starts, score scale, what is special)
     probes = [(2, 10, 4, 5, (0, 4, 7), 1.0, "3 chunks"),
               (5, 12, 3, 2, (0, 3, 6, 9), 1.5, "4 chunks; query 1 has no key in chunk 2"),
