@@ -585,6 +585,16 @@ def test_assign_lists_exercises_and_takes_ids_as_typed(tmp_path):
     assert code == 2 and "09.3 is now 13.3" in out
 
 
+def test_assign_list_into_a_closed_pipe_ends_without_a_traceback():
+    """`assign --list | head -5`: the reader leaves early; one quiet exit, no BrokenPipeError."""
+    read, write_end = os.pipe()
+    os.close(read)  # the reader has gone before the first line is written
+    proc = subprocess.run([sys.executable, "-m", "mha_course", "assign", "--list"], cwd=ROOT,
+                          stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120)
+    os.close(write_end)
+    assert proc.stderr == "" and proc.returncode == 1, proc.stderr
+
+
 def test_a_class_with_failures_but_every_notebook_read_exits_0(tmp_path):
     """Exit 1 means "some submission could not be read", not "some student failed"."""
     generate(FIXTURES, tmp_path / "ex")

@@ -354,4 +354,4 @@ def test_without_the_sandbox_no_write_changes_a_verdict_and_the_command_says_so(
     assert "warning: these files changed on disk during the check" in err
     assert str(targets["solutions"]) in err and str(targets["victim"]) in err
     assert json.loads(targets["solutions"].read_text()) == {}
-    assert code == 1
+    assert code == 0  # a folder's run: every submission read and graded, whatever its score
