@@ -301,7 +301,8 @@ def test_a_check_replaced_in_the_kernel_passes_a_learner_and_fails_in_grading(fi
 def test_the_instructors_probes_catch_an_answer_that_only_fits_the_check(fixture_grading):
     assert fixture_grading[("learner", "fits")]["98.1"].status == "passed"
     graded = fixture_grading[("graded", "fits")]["98.1"]
-    assert graded.status == "failed" and graded.message == "double(-4) returned 0, not -8"
+    assert graded.status == "failed" and graded.message == (
+        "double(-4) returned 0, not -8\n(found by the instructor's own probe)")
 
 
 # ------------------------------------------------------- lesson 03: an attack per exercise
@@ -582,6 +583,16 @@ def test_assign_lists_exercises_and_takes_ids_as_typed(tmp_path):
     assert code == 0 and load_assignment(tmp_path / "hw.assignment.json").exercises == ("03.1",)
     code, out = run_cli("assign", "9.3", "-o", tmp_path / "x.ipynb")
     assert code == 2 and "09.3 is now 13.3" in out
+
+
+def test_assign_list_into_a_closed_pipe_ends_without_a_traceback():
+    """`assign --list | head -5`: the reader leaves early; one quiet exit, no BrokenPipeError."""
+    read, write_end = os.pipe()
+    os.close(read)  # the reader has gone before the first line is written
+    proc = subprocess.run([sys.executable, "-m", "mha_course", "assign", "--list"], cwd=ROOT,
+                          stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120)
+    os.close(write_end)
+    assert proc.stderr == "" and proc.returncode == 1, proc.stderr
 
 
 def test_a_class_with_failures_but_every_notebook_read_exits_0(tmp_path):

@@ -38,6 +38,7 @@ import types
 import pytest
 
 from ..checks import measure
+from ..checks.harness import CheckFailed
 from .notebooks import info
 from .session import INTERRUPT_GRACE, KernelLost, RemoteTimeout, Session
 from .verdicts import KERNEL_DIED
@@ -97,17 +98,35 @@ class Grader:
             seed = measure.PROBE["seed"]
             measure.PROBE["seed"] = self.probe_seed
             try:
-                with contextlib.redirect_stdout(io.StringIO()):
+                with contextlib.redirect_stdout(io.StringIO()), _probing("inputs drawn from "
+                                                                        "another seed"):
                     exec(code, self.trusted, Names(session, self.trusted, self.remote))
             finally:
                 measure.PROBE["seed"] = seed
         probe = self.probes.get("probe_" + exercise.replace(".", "_"))
         if callable(probe):
-            names = Names(session, self.trusted, self.remote | set(
-                inspect.signature(probe).parameters))
-            with contextlib.redirect_stdout(io.StringIO()):
-                probe(*(names[p] for p in inspect.signature(probe).parameters))
+            params = list(inspect.signature(probe).parameters)
+            names = Names(session, self.trusted, self.remote | set(params))
+            with contextlib.redirect_stdout(io.StringIO()), _probing("the instructor's own "
+                                                                    "probe"):
+                probe(*(names[p] for p in params))
         return printed
+
+
+class ProbeFailed(CheckFailed):
+    """A check failed on the instructor's probe inputs (not the ones the learner's check used)."""
+
+
+@contextlib.contextmanager
+def _probing(what: str):
+    """Say, in a failure, that it came from a probe the learner's own check did not run."""
+    try:
+        yield
+    except CheckFailed as exc:
+        raise ProbeFailed(f"{exc}\n(found by {what}: your own check did not use these "
+                          "inputs)") from exc
+    except AssertionError as exc:
+        raise ProbeFailed(f"{exc}\n(found by {what})") from exc
 
 
 def _plain(source: str) -> str:
