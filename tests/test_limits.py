@@ -159,6 +159,13 @@ def test_each_limit_has_its_own_words():
             "the disk limit of 64 MiB per kernel was reached (raise it with --disk)",
         ("OSError", "[Errno 27] File too large"):
             "the disk limit of 64 MiB per kernel was reached (raise it with --disk)",
+        # grading mode: the learner's error arrives inside the grader's check verdict
+        ("CheckFailed", "Exercise 03.1: your function raised MemoryError: Unable to allocate "
+                        "1.00 GiB for an array"):
+            "the memory limit of 1 GiB per kernel was reached (raise it with --memory)",
+        ("CheckFailed", "Exercise 03.4: your function raised OSError: [Errno 28] No space left "
+                        "on device"):
+            "the disk limit of 64 MiB per kernel was reached (raise it with --disk)",
     }
     for (ename, evalue), expected in words.items():
         assert lim.limit_message(TEST_LIMITS, ename, evalue) == expected

@@ -329,10 +329,17 @@ def limit_message(limits: Limits, ename: str, evalue: str) -> str | None:
     'the process limit of 256 per kernel was reached (raise it with --processes)'
     >>> limit_message(Limits(), "ValueError", "bad shape") is None
     True
+
+    In grading mode the check runs in the grader, and the learner's error reaches the record
+    inside the check's verdict:
+
+    >>> limit_message(Limits(), "CheckFailed", "Exercise 03.1: your function raised "
+    ...               "MemoryError: Unable to allocate 1.00 GiB")
+    'the memory limit of 4 GiB per kernel was reached (raise it with --memory)'
     """
-    if ename == "MemoryError" and limits.memory:
-        return memory_words(limits)
     text = f"{ename}: {evalue}"
+    if (ename == "MemoryError" or "raised MemoryError" in text) and limits.memory:
+        return memory_words(limits)
     again = (f"[Errno {errno.EAGAIN}]" in text or "can't start new thread" in text
              or "Resource temporarily unavailable" in text)
     if again and limits.processes:
