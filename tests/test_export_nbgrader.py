@@ -201,6 +201,8 @@ def test_nbgrader_gives_the_points_the_course_checker_gives(graded):
         assert float(ours[student]["total"]) == total, graded["report"]
         assert float(ours[student]["max"]) == 7
     assert [ours["wrong"][f"{x} status"] for x in IDS] == ["failed", "passed", "failed"]
+    # nbgrader's stub (`raise NotImplementedError()`) is "not attempted", as the course's is
+    assert [ours["untouched"][f"{x} status"] for x in IDS] == ["not attempted"] * 3
     assert "Likely mistake: scores not scaled by √d_k" in graded["report"]
 
 

@@ -222,7 +222,8 @@ def extra_output(record: dict, role: CellRole) -> str | None:
 def exercise_verdict(exercise: str, cells, timeout: float) -> tuple[Verdict, bool]:
     """Verdict for one exercise from ``[(record or None, role)]``; second value: kernel lost.
 
-    In order: a dead kernel or a timeout in any cell; the exercise's own stub (not attempted);
+    In order: a dead kernel or a timeout in any cell; the exercise's own stub, or nbgrader's
+    bare ``NotImplementedError()`` (not attempted);
     the first failing cell other than the learner's own (another exercise's stub, a check's
     message, an error, an output that differs); a cell that did not run (not checked); else
     passed. A check cell that printed its line and more passes with a note; a failing own
@@ -250,7 +251,9 @@ def exercise_verdict(exercise: str, cells, timeout: float) -> tuple[Verdict, boo
     for record, _ in cells:
         error = (record or {}).get("error") or {}
         evalue = clean(error.get("evalue", ""))
-        stub = evalue.startswith(f"Exercise {exercise}:")
+        # the course's stub names its exercise; nbgrader's (``raise NotImplementedError()``
+        # under ``# YOUR CODE HERE``, in an exported assignment) says nothing
+        stub = evalue.startswith(f"Exercise {exercise}:") or not evalue
         if error.get("ename") == "NotImplementedError" and stub:
             return Verdict(exercise, "not attempted"), False
     notes = []
