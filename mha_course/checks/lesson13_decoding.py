@@ -61,11 +61,11 @@ def check_chunk_mask(fn) -> None:
             out = array(ex, out, (*lead, 1, d_v), f"your output {label}", "(..., T, d_v)")
             w = array(ex, w, (*lead, 1, S), f"your weights {label}", "(..., T, S)")
             blind = np.argwhere(w == 0)
-            only_first = S > 1 and bool(np.all(w[..., 0] == 1))
+            only_first = (", and all of its weight to key 0: single-token decoding attends to "
+                          "the first token only") if S > 1 and np.all(w[..., 0] == 1) else ""
             require(ex, P.CACHED, len(blind) and f"{label}: it gives key {blind[0][-1]}, which "
-                    "it may attend to, weight 0" + (", and all of its weight to key 0: single-token "
-                    "decoding attends to the first token only" if only_first else "") +
-                    ", so decoding differs from the full causal forward")
+                    f"it may attend to, weight 0{only_first}, so decoding differs from the full "
+                    "causal forward")
             compare(ex, out, want_out[..., S - 1 : S, :], f"your output {label}", "(..., T, d_v)")
             compare(ex, w, want_w[..., S - 1 : S, :S], f"your weights {label}", "(..., T, S)")
     for lead, n, chunks, d_k, d_v in (((2,), 8, (3, 1, 4), 4, 3), ((), 7, (2, 5), 3, 5)):
