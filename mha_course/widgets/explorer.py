@@ -316,8 +316,8 @@ def explorer(*, d_model=48, seed=0):
     ipywidgets.HBox
         Children: a ``VBox`` of fixed width (:data:`CONTROLS_WIDTH`) with the ``h`` and ``d_k``
         sliders, the "hold d_model" and "autoscale colours" checkboxes and an ``HTML`` panel with
-        the parameters, FLOPs and weights in large type; and an ``Image`` of fixed size (:data:`FIGSIZE` at :data:`WIDGET_DPI`) with
-        the heads.
+        the parameters, FLOPs and weights in large type; and an ``Image`` of fixed size
+        (:data:`FIGSIZE` at :data:`WIDGET_DPI`) with the heads.
 
     Examples
     --------
