@@ -263,6 +263,24 @@ def test_sdpa_causal_matches_torch_is_causal(torch, rng, lead):
     assert np.all(np.triu(weights, 1) == 0)
 
 
+def test_causal_mask_is_torchs_causal_lower_right_not_is_causal(torch, rng):
+    # Lesson 06 §2 and the drill's Q22: for T < S the package aligns bottom-right, as
+    # torch.nn.attention.bias.causal_lower_right does; is_causal=True aligns top-left, where a
+    # single new query sees key 0 only (review D2).
+    from torch.nn.attention.bias import causal_lower_right
+
+    for T_ in (1, 3):
+        q, k, v = sdpa_inputs(rng, (B, H), T_, S)
+        qt, kt, vt = (torch.from_numpy(a) for a in (q, k, v))
+        ours = scaled_dot_product_attention(q, k, v, mask=causal_mask(T_, S))[0]
+        lower_right = torch.nn.functional.scaled_dot_product_attention(
+            qt, kt, vt, attn_mask=causal_lower_right(T_, S))
+        assert max_abs_diff(ours, lower_right) <= TOL
+        top_left = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
+        assert max_abs_diff(ours, top_left) > 1e-3
+    assert max_abs_diff(v[..., :1, :], top_left[..., :1, :]) <= TOL  # T = 3: query 0 sees key 0
+
+
 @given(
     lead=hnp.array_shapes(min_dims=0, max_dims=2, max_side=3),
     T_=st.integers(1, 5), S_=st.integers(1, 5), d_k=st.integers(1, 5), d_v=st.integers(1, 5),

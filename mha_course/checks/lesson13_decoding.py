@@ -250,7 +250,8 @@ def _rope(ex, fn, layer, x, positions):
                  lambda: reference(positions * 0))])
     other = "half" if layer.rope == "interleaved" else "interleaved"
     wrong = [(f"you rotated in the {other!r} layout; weights trained with one layout give wrong "
-              "scores in the other (huggingface/transformers#25199): use layout=layer.rope",
+              "scores in the other (the FAQ thread huggingface/transformers#25199 explains the "
+              "permutation between them): use layout=layer.rope",
               lambda: reference(positions, other))]
     want = reference(positions)
     require(ex, P.REFERENCE, not close(out, want) and f"{label}: {P.moved_text(want, out)} "
