@@ -359,7 +359,7 @@ def sink_attention_grads(q, k, v, b, grad_out, kind="right"):
     e = np.exp(scores - m[:, None])  # (T, S)
     e_sink = np.exp(b - m) if kind != "no_sink" else np.zeros(len(q))  # (T,)
     total = e.sum(axis=-1) + e_sink
-    p, p_sink = e / total[:, None], e_sink / total  # (T, S), (T,): each row of [p, p_sink] sums to 1
+    p, p_sink = e / total[:, None], e_sink / total  # (T, S), (T,): [p, p_sink] rows sum to 1
     D = np.sum(grad_out * (p @ v), axis=-1)  # (T,): Σ_s p·dp = dO_t · out_t, as in §2.5
     dscores = p * (grad_out @ v.T - D[:, None])  # the sink's own dp is 0: it has no value
     db = -p_sink * D  # (T,): the sink's score, through the same Jacobian
