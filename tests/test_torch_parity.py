@@ -9,8 +9,9 @@ Conventions that differ between the two libraries, translated here:
   ``key_padding_mask`` say True = *not allowed* / *ignore*, so they get ``~mask``;
   ``F.scaled_dot_product_attention``'s bool ``attn_mask`` says True = allowed, like ours.
 - For a query with no allowed key we give 0. torch 2.13's ``F.scaled_dot_product_attention``
-  gives 0 too, ``nn.MultiheadAttention`` gives NaN when it returns the weights (its default);
-  the parity tests keep every row non-empty, and ``test_a_fully_masked_row_in_torch`` pins what
+  gives 0 too, ``nn.MultiheadAttention`` gives NaN when it returns the weights (its default)
+  and in inference (``eval()`` under ``no_grad``: its fused fast path) even without them; the
+  parity tests keep every row non-empty, and ``test_a_fully_masked_row_in_torch`` pins what
   lessons 02 and 13 say about it.
 """
 
@@ -201,7 +202,10 @@ def test_torch_initialisation_is_what_the_course_says(torch):
 def test_a_fully_masked_row_in_torch(torch, rng):
     # Review D38: a query with no allowed key. Ours gives 0 (lesson 02 §7); torch 2.13's SDPA
     # gives 0 as well, nn.MultiheadAttention gives NaN when it also returns the weights (its
-    # default; with need_weights=False it calls SDPA and gives 0). Lessons 02 and 13 (Q4) say so.
+    # default) and in inference (eval() under no_grad: its fused fast path, with biases and an
+    # even h) even with need_weights=False; off the fast path need_weights=False calls SDPA: 0
+    # (plus the output projection's bias).
+    # Lessons 02 and 13 (Q4) say so.
     q, k, v = sdpa_inputs(rng, (B, H), T, S)
     mask = np.ones((T, S), dtype=bool)
     mask[1] = False  # query 1 may attend to nothing
@@ -220,6 +224,16 @@ def test_a_fully_masked_row_in_torch(torch, rng):
     assert not torch.isnan(out_m[:, [0, 2]]).any()
     assert torch.all(out_fast[:, 1] == 0)
     assert max_abs_diff(layer(x.numpy(), mask=mask[:, :T])[0], out_fast) <= TOL
+    # inference: eval() under no_grad takes the fused fast path (it needs the biases and an even
+    # number of heads, as nn.MultiheadAttention's defaults have), which gives NaN again
+    fast = torch_copy(torch, random_layer(rng, bias=True))  # in eval mode
+    with torch.no_grad():
+        out_eval, _ = fast(x, x, x, attn_mask=torch_bool(~mask[:, :T]), need_weights=False)
+    assert torch.isnan(out_eval[:, 1]).all() and not torch.isnan(out_eval[:, [0, 2]]).any()
+    fast.train()  # off the fast path, the same call goes through SDPA: 0
+    with torch.no_grad():
+        assert torch.all(fast(x, x, x, attn_mask=torch_bool(~mask[:, :T]),
+                              need_weights=False)[0][:, 1] == fast.out_proj.bias)
 
 
 # ------------------------------------------------------------------ F.scaled_dot_product_attention
