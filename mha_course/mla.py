@@ -26,8 +26,9 @@ Which form to use: a score costs ``d_c + d_rope`` multiply-adds per head absorbe
 ``d_k + d_rope`` naive (576 against 192 at V2's sizes), so absorbing pays only when rebuilding
 the cached keys and values dominates, that is when few queries meet a long cache (decoding: about
 119 times fewer multiply-adds for one token over 8,192 cached at V2's sizes). A prefill or a
-training step, with as many queries as keys, is cheaper naive (about 3 times at 4,096 tokens),
-which is what DeepSeek's inference code and FlashMLA do (lesson 06 §6 computes both).
+training step, with as many queries as keys, is cheaper naive (about 3 times at 4,096 tokens);
+vLLM's MLA backend, for one, runs the naive form for prefill and the absorbed one for decode
+(lesson 06 §6 computes both).
 
 Why the RoPE part must be separate: a rotation between query and key depends on both
 positions, ``q R_mᵀ R_n W_ukᵀ c = q R_{n-m} W_ukᵀ c``, so a rotated ``c W_uk`` could not be
