@@ -112,7 +112,8 @@ def test_an_old_drill_id_says_where_the_exercise_moved(tmp_path):
     old = "0" + "9.14"  # spelled so that the drill's renumbering script leaves it alone
     code, text = _cli("assign", old, "13.9", "-o", tmp_path / "old.ipynb")
     assert code == 2 and not (tmp_path / "old.ipynb").exists()
-    assert f"{old} is now 13.14 (the interview drill moved from lesson 0" + "9 to lesson 13)" in text
+    assert (f"{old} is now 13.14 (the interview drill moved from lesson 0" + "9 to lesson 13)"
+            in text)
 
 
 def test_an_old_drill_id_that_lesson_09_uses_again_says_so(tmp_path):
