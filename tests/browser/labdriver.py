@@ -153,6 +153,12 @@ def run_all(page, path: str, timeout: float = 120.0) -> None:
           if (busy || kernel.status !== 'idle') {{ window.__mhaQuiet = null; return false; }}
           if (counted === code.length) return true;
           // Cells left unnumbered (run-all stopped at an error): done once nothing moved for 3 s.
+          // Only after an error that stops Run All: the kernel can report 'idle' for a moment
+          // while a long cell still runs (a tqdm widget's messages), and an off-screen cell's
+          // prompt is not drawn, so quiet alone does not mean stopped.
+          const stopped = code.some(c => !(c.model.getMetadata('tags') || []).includes(
+              'raises-exception') && c.model.outputs.toJSON().some(o => o.output_type === 'error'));
+          if (!stopped) {{ window.__mhaQuiet = null; return false; }}
           const now = Date.now();
           if (!window.__mhaQuiet || window.__mhaQuiet.counted !== counted)
             window.__mhaQuiet = {{counted, since: now}};
