@@ -317,9 +317,31 @@ def sample_token(logits, temperature: float, rng) -> int:
 
 
 def decoder_weights_of(model):
-    """``(embedding, layers, norm_final, W_out, eps)`` of a lesson-09-style model.
+    """``(embedding, layers, norm_final, W_out, eps)`` of a model built like lesson 09's GPT.
 
-    Read by duck typing from ``model.parameters()`` (a dict of named arrays) and the model's
-    attention layers, so the serving wing never imports the models wing.
+    Duck typing, so the serving wing never imports the models wing: the model's
+    ``parameters()`` dict names ``W_E`` (vocab, d_model), per block ``i`` ``L{i}.attn_norm``,
+    ``L{i}.mlp_norm``, ``L{i}.W_gate``, ``L{i}.W_up``, ``L{i}.W_down``, then ``norm_f`` and
+    ``W_U`` (d_model, vocab); ``model.blocks[i]`` is block ``i``'s
+    :class:`~mha_course.MultiHeadAttention` (whose ``W_q`` .. ``W_o`` are ``L{i}.W_q`` ..);
+    ``model.config.eps`` is RMSNorm's epsilon. The arrays are shared, not copied.
+
+    Raises
+    ------
+    ValueError
+        If the model lacks one of these.
     """
-    raise fail("Decoder.from_model", f"cannot read the weights of a {type(model).__name__}")
+    func = "Decoder.from_model"
+    try:
+        params, blocks = model.parameters(), list(model.blocks)
+        eps = float(getattr(model.config, "eps", 1e-5))
+        layers = [DecoderLayer(attn, params[f"L{i}.attn_norm"], params[f"L{i}.mlp_norm"],
+                               params[f"L{i}.W_gate"], params[f"L{i}.W_up"],
+                               params[f"L{i}.W_down"], eps)
+                  for i, attn in enumerate(blocks)]
+        return params["W_E"], layers, params["norm_f"], params["W_U"], eps
+    except (AttributeError, KeyError, TypeError) as err:
+        raise fail(func, f"cannot read the weights of a {type(model).__name__} ({err!r}); "
+                         "expected lesson 09's GPT: parameters() with W_E, L{i}.attn_norm, "
+                         "L{i}.mlp_norm, L{i}.W_gate, L{i}.W_up, L{i}.W_down, norm_f, W_U, "
+                         "and blocks, one MultiHeadAttention each") from None

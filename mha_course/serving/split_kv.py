@@ -67,7 +67,7 @@ def combine_partials(outs, lses):
     --------
     >>> from mha_course import scaled_dot_product_attention
     >>> rng = np.random.default_rng(0)
-    >>> q, k, v = rng.normal(size=(4, 1, 8)), rng.normal(size=(4, 50, 8)), rng.normal(size=(4, 50, 6))
+    >>> q, k, v = (rng.normal(size=shape) for shape in ((4, 1, 8), (4, 50, 8), (4, 50, 6)))
     >>> out, _ = combine_partials(*split_kv_partials(q, k, v, n_splits=5))
     >>> bool(np.allclose(out, scaled_dot_product_attention(q, k, v)[0]))
     True
