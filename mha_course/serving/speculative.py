@@ -113,6 +113,38 @@ def _draw(dist, rng) -> int:
                    len(dist) - 1))
 
 
+def verify(rows, drafts, qs, temperature: float, rng, rule=None) -> list[int]:
+    """The tokens one round emits, from the target's rows and the draft's proposals.
+
+    ``rows`` (k + 1, vocab): the target's logits after ``last`` and after each draft prefix;
+    ``drafts`` the k proposed tokens; ``qs`` the draft's distributions they were drawn from
+    (None when greedy). Greedy: accept while ``d_i`` is the argmax, then the argmax of the
+    next row. Sampling: accept ``d_i`` when a uniform falls below ``accept(p_i, q_i)[d_i]``,
+    else draw from ``resample(p_i, q_i)`` and stop; after k acceptances, a bonus from
+    ``p_{k+1}``. ``rule = (accept, resample)`` defaults to Leviathan et al.'s.
+
+    Examples
+    --------
+    >>> rows = np.log(np.array([[0.1, 0.9], [0.8, 0.2], [0.5, 0.5]]))
+    >>> verify(rows, [1, 1], None, 0.0, None)   # d_1 = 1 is the argmax, d_2 = 1 is not
+    [1, 0]
+    """
+    accept, resample = rule or (acceptance_probability, residual)
+    emitted = []
+    for i, d in enumerate(drafts):
+        if temperature == 0:
+            if int(np.argmax(rows[i])) != d:
+                return emitted + [int(np.argmax(rows[i]))]
+        else:
+            p = probabilities(rows[i], temperature)
+            if not rng.random() < accept(p, qs[i])[d]:
+                return emitted + [_draw(resample(p, qs[i]), rng)]
+        emitted.append(int(d))
+    last = rows[len(drafts)]  # every draft accepted: a bonus token from the last row
+    return emitted + [int(np.argmax(last)) if temperature == 0
+                      else _draw(probabilities(last, temperature), rng)]
+
+
 def speculative_generate(target, draft, prompt, n_new: int, k: int, *, temperature: float = 0.0,
                          seed=None, rule=None):
     """Generate ``n_new`` tokens after ``prompt`` with ``target``, drafting ``k`` at a time.
@@ -162,23 +194,9 @@ def speculative_generate(target, draft, prompt, n_new: int, k: int, *, temperatu
             qs.append(q)
             token = d
         rows = target.step(np.array([last, *drafts]), tc)  # (k + 1, vocab): p_1 .. p_{k+1}
-        emitted = []
-        for i, d in enumerate(drafts):
-            stats["drafted"] += 1
-            if temperature == 0:
-                ok = int(np.argmax(rows[i])) == d
-            else:
-                p = probabilities(rows[i], temperature)
-                ok = rng.random() < accept(p, qs[i])[d]
-            if not ok:
-                emitted.append(int(np.argmax(rows[i])) if temperature == 0 else
-                               _draw(resample(probabilities(rows[i], temperature), qs[i]), rng))
-                break
-            stats["accepted"] += 1
-            emitted.append(d)
-        else:  # every draft accepted: a bonus token from the last row
-            emitted.append(int(np.argmax(rows[k])) if temperature == 0 else
-                           _draw(probabilities(rows[k], temperature), rng))
+        emitted = verify(rows, drafts, qs, temperature, rng, (accept, resample))
+        stats["drafted"] += min(len(emitted), k)
+        stats["accepted"] += len(emitted) - 1
         a = len(emitted) - 1  # drafts accepted this round
         tc.truncate(n + 1 + a)  # keep `last` and the accepted drafts
         if a == k:
