@@ -104,3 +104,27 @@ def test_bad_tokens_and_models_are_refused_by_name():
 def test_weight_bytes_leave_out_the_embedding_table():
     assert DEC.parameter_count() - DEC.parameter_count(embedding=False) == DEC.embedding.size
     assert DEC.weight_bytes() == DEC.parameter_count(embedding=False) * 8
+
+
+def test_a_batch_of_equal_sequences_steps_at_once():
+    tokens = np.random.default_rng(2).integers(0, DEC.vocab, (3, 7))
+    cache = ContiguousCache(DEC, batch=3)
+    got = np.concatenate([DEC.step_batch(tokens[:, :4], cache),
+                          DEC.step_batch(tokens[:, 4:], cache)], axis=1)
+    for b in range(3):
+        np.testing.assert_allclose(got[b], DEC.forward(tokens[b]), rtol=1e-10, atol=1e-10)
+
+
+def test_lesson_09s_gpt_reads_into_the_decoder_unchanged():
+    from mha_course.models.gpt import GPT, GPTConfig
+
+    model = GPT(GPTConfig(vocab_size=29, d_model=24, n_layers=2, h=4, n_kv_heads=2,
+                          context_length=64), rng=1)
+    dec = Decoder.from_model(model)
+    tokens = np.random.default_rng(3).integers(0, 29, 20)
+    np.testing.assert_allclose(dec.forward(tokens), model.forward(tokens), rtol=1e-12,
+                               atol=1e-12)
+    caches, cache = model.init_cache(), ContiguousCache(dec)
+    np.testing.assert_allclose(dec.step(tokens[:9], cache), model.step(tokens[:9], caches),
+                               rtol=1e-10, atol=1e-12)
+    assert dec.parameter_count() == model.n_params

@@ -16,7 +16,7 @@ from mha_course.serving.prefix_cache import PrefixCache, block_keys
 from mha_course.serving.scheduler import CostModel, Request, serve
 
 DEC = Decoder.random(vocab=11, d_model=16, n_layers=2, h=4, n_kv_heads=2, rng=7)
-COST = CostModel(1e-3, 1e-5, 1e-8)
+COST = CostModel(1e-3, 1e-4, 1e-5, 1e-8)
 
 
 @settings(max_examples=12, deadline=None)

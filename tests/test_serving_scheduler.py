@@ -21,7 +21,7 @@ from mha_course.serving.scheduler import (
 )
 
 DEC = Decoder.random(vocab=13, d_model=16, n_layers=2, h=4, n_kv_heads=2, rng=5)
-COST = CostModel(fixed=1e-3, per_token=1e-5, per_pair=1e-8)
+COST = CostModel(fixed=1e-3, per_sequence=1e-4, per_token=1e-5, per_pair=1e-8)
 
 workloads = st.lists(st.tuples(st.integers(1, 14), st.integers(1, 6), st.floats(0, 0.01),
                                st.sampled_from([0.0, 0.8])), min_size=1, max_size=6)
@@ -61,7 +61,7 @@ def test_static_batches_wait_for_their_longest_request_and_continuous_ones_do_no
 def test_chunked_prefill_bounds_the_stall_a_long_prompt_causes():
     long = Request(1, np.arange(60) % 13, 2, arrival=0.0031)
     requests = [Request(0, np.arange(3), 30), long]
-    cost = CostModel(1e-3, 1e-4, 0.0)
+    cost = CostModel(1e-3, 0.0, 1e-4, 0.0)
     gaps = {p: serve(DEC, requests, p, cost=cost, max_batch=2, token_budget=8).requests[0].gaps
             for p in ("continuous", "chunked")}
     assert gaps["continuous"].max() == pytest.approx(1e-3 + 1e-4 * 61)  # one pass with 60 + 1
@@ -84,8 +84,8 @@ def test_the_pool_is_empty_afterwards_and_a_request_too_big_is_refused():
 
 def test_pairs_and_the_cost_fit():
     assert pairs_of(0, 3) == 6 and pairs_of(10, 1) == 11
-    truth = CostModel(2e-3, 3e-5, 4e-9)
-    samples = [(n, p, truth.pass_time(n, p)) for n, p in ((1, 5), (9, 700), (40, 30000),
-                                                          (3, 90000))]
+    truth = CostModel(2e-3, 5e-4, 3e-5, 4e-9)
+    samples = [(b, n, p, truth.pass_time(b, n, p)) for b, n, p in (
+        (1, 1, 5), (9, 9, 700), (2, 40, 30000), (3, 3, 90000), (1, 64, 2000))]
     fit = fit_cost_model(samples)
     assert fit.fixed == pytest.approx(2e-3) and fit.per_pair == pytest.approx(4e-9)

@@ -75,9 +75,11 @@ class DecoderLayer:
 
 
 class ContiguousCache:
-    """The cache of one sequence generated alone: per layer, every key and value in order.
+    """The cache of one sequence generated alone (or of ``batch`` sequences of equal length):
+    per layer, every key and value in order.
 
-    Keys are stored rotated at their positions. :meth:`truncate` drops the last positions
+    Keys are stored rotated at their positions, shape (g, S, d_k), or (batch, g, S, d_k) with
+    ``batch`` (for :meth:`Decoder.step_batch`). :meth:`truncate` drops the last positions
     (speculative decoding rolls rejected drafts back with it).
 
     Examples
@@ -90,21 +92,26 @@ class ContiguousCache:
     (1, (2, 1, 4))
     """
 
-    def __init__(self, decoder: Decoder):
+    def __init__(self, decoder: Decoder, batch: int | None = None):
         self.decoder = decoder
         self.length = 0
-        self.keys = [np.empty((l.attn.n_kv_heads, 0, l.attn.d_k)) for l in decoder.layers]
-        self.values = [np.empty((l.attn.n_kv_heads, 0, l.attn.d_v)) for l in decoder.layers]
+        lead = () if batch is None else (validate_positive_int("ContiguousCache", "batch", batch),)
+        self.keys = [np.empty((*lead, l.attn.n_kv_heads, 0, l.attn.d_k)) for l in decoder.layers]
+        self.values = [np.empty((*lead, l.attn.n_kv_heads, 0, l.attn.d_v))
+                       for l in decoder.layers]
 
     def attend(self, layer: int, q, k, v):
         """Store the chunk's keys and values (T new positions) and attend over all of them.
 
-        q (h, T, d_k), k (g, T, d_k), v (g, T, d_v), unrotated -> heads (h, T, d_v).
+        q (..., h, T, d_k), k (..., g, T, d_k), v (..., g, T, d_v), unrotated -> heads
+        (..., h, T, d_v).
         """
         attn = self.decoder.layers[layer].attn
         q, k = rotate(attn, q, self.length), rotate(attn, k, self.length)
-        self.keys[layer] = np.concatenate([self.keys[layer], k], axis=-2)  # (g, S, d_k)
-        self.values[layer] = np.concatenate([self.values[layer], v], axis=-2)
+        dtype = np.result_type(k, self.keys[layer])
+        self.keys[layer] = np.concatenate([self.keys[layer].astype(dtype, copy=False), k], -2)
+        self.values[layer] = np.concatenate([self.values[layer].astype(dtype, copy=False), v],
+                                            -2)
         T, S = q.shape[-2], self.keys[layer].shape[-2]
         return attend_groups(q, self.keys[layer], self.values[layer], causal_mask(T, S))[0]
 
@@ -117,8 +124,8 @@ class ContiguousCache:
         if not 0 <= length <= self.length:
             raise fail("ContiguousCache.truncate", f"length={length} must be between 0 and "
                        f"the {self.length} positions stored")
-        self.keys = [k[:, :length] for k in self.keys]
-        self.values = [v[:, :length] for v in self.values]
+        self.keys = [k[..., :length, :] for k in self.keys]
+        self.values = [v[..., :length, :] for v in self.values]
         self.length = length
 
 
@@ -223,6 +230,28 @@ class Decoder:
     def step(self, tokens, cache) -> np.ndarray:
         """Logits of ``tokens`` (T,) appended to ``cache`` -> (T, vocab); the cache grows by T."""
         return self.step_many([tokens], [cache])[0]
+
+    def step_batch(self, tokens, cache: ContiguousCache) -> np.ndarray:
+        """``batch`` sequences of equal length at once: tokens (B, T) over a
+        ``ContiguousCache(decoder, batch=B)`` -> logits (B, T, vocab).
+
+        One matrix product per weight for all ``B·T`` tokens and one batched attention: the
+        decode step whose time lesson 10 §1 measures against the batch size.
+        """
+        tokens = np.asarray(tokens)
+        if tokens.ndim != 2:
+            raise fail("Decoder.step_batch", f"tokens has shape {tokens.shape}; expected (B, T)")
+        x = self.embedding[tokens]  # (B, T, d_model)
+        for li, layer in enumerate(self.layers):
+            attn = layer.attn
+            a = rms_norm(x, layer.norm_attn, self.eps)
+            q = split_heads(a @ attn.W_q, attn.h)  # (B, h, T, d_k)
+            k = split_heads(a @ attn.W_k, attn.n_kv_heads)  # (B, g, T, d_k)
+            v = split_heads(a @ attn.W_v, attn.n_kv_heads)
+            x = x + merge_heads(cache.attend(li, q, k, v)) @ attn.W_o
+            x = x + layer.mlp(x)
+        cache.advance(tokens.shape[1])
+        return rms_norm(x, self.norm_final, self.eps) @ self.W_out
 
     def step_many(self, chunks, caches, last_only: bool = False) -> list[np.ndarray]:
         """One pass over a ragged batch: ``chunks[i]`` (T_i,) appended to ``caches[i]``.

@@ -52,19 +52,22 @@ class Request:
 
 @dataclass
 class CostModel:
-    """Seconds of one pass: ``fixed + per_token · tokens + per_pair · query-key pairs``.
+    """Seconds of one pass: ``fixed + per_sequence·seqs + per_token·tokens + per_pair·pairs``.
 
     ``fixed`` is paid once per pass whatever its size (the weights read, the framework's
-    overhead), ``per_token`` by every token in the pass (its projections and MLP), ``per_pair``
-    by every query-key pair attention computes.
+    overhead), ``per_sequence`` by each sequence in it (its own attention call), ``per_token``
+    by every token (its projections and MLP), ``per_pair`` by every query-key pair attention
+    computes.
     """
 
     fixed: float
+    per_sequence: float
     per_token: float
     per_pair: float
 
-    def pass_time(self, n_tokens: int, n_pairs: int) -> float:
-        return self.fixed + self.per_token * n_tokens + self.per_pair * n_pairs
+    def pass_time(self, n_sequences: int, n_tokens: int, n_pairs: int) -> float:
+        return (self.fixed + self.per_sequence * n_sequences + self.per_token * n_tokens
+                + self.per_pair * n_pairs)
 
 
 def pairs_of(start: int, T: int) -> int:
@@ -73,21 +76,23 @@ def pairs_of(start: int, T: int) -> int:
 
 
 def fit_cost_model(samples) -> CostModel:
-    """Least squares through measured passes: ``samples`` of ``(tokens, pairs, seconds)``.
+    """Least squares through measured passes: ``(sequences, tokens, pairs, seconds)`` each.
+
+    Coefficients are clipped at 0 (a pass never gets cheaper with more work).
 
     Examples
     --------
-    >>> truth = CostModel(1e-3, 2e-5, 1e-8)
-    >>> shapes = [(1, 10), (8, 80), (64, 5000), (16, 400000), (128, 9000)]
-    >>> fit = fit_cost_model([(n, p, truth.pass_time(n, p)) for n, p in shapes])
-    >>> fitted = (fit.fixed, fit.per_token, fit.per_pair)
-    >>> [round(v / w, 6) for v, w in zip(fitted, (1e-3, 2e-5, 1e-8))]
-    [1.0, 1.0, 1.0]
+    >>> truth = CostModel(1e-3, 3e-4, 2e-5, 1e-8)
+    >>> shapes = [(1, 1, 10), (8, 8, 80), (2, 64, 5000), (16, 16, 400000), (1, 128, 9000)]
+    >>> fit = fit_cost_model([(b, n, p, truth.pass_time(b, n, p)) for b, n, p in shapes])
+    >>> fitted = (fit.fixed, fit.per_sequence, fit.per_token, fit.per_pair)
+    >>> [round(v / w, 6) for v, w in zip(fitted, (1e-3, 3e-4, 2e-5, 1e-8))]
+    [1.0, 1.0, 1.0, 1.0]
     """
-    A = np.array([[1.0, n, p] for n, p, _ in samples])
-    t = np.array([s for _, _, s in samples], dtype=float)
-    if len(A) < 3:
-        raise fail("fit_cost_model", f"got {len(A)} samples; expected at least 3")
+    A = np.array([[1.0, b, n, p] for b, n, p, _ in samples])
+    t = np.array([s[-1] for s in samples], dtype=float)
+    if len(A) < 4:
+        raise fail("fit_cost_model", f"got {len(A)} samples; expected at least 4")
     coef = np.linalg.lstsq(A, t, rcond=None)[0]
     return CostModel(*(max(float(c), 0.0) for c in coef))
 
@@ -276,7 +281,7 @@ def serve(decoder, requests, policy: str = "continuous", *, cost: CostModel, max
         n_tokens = sum(len(c) for _, c in work) + padding
         n_pairs = sum(pairs_of(s.seq.length - len(c), len(c)) for s, c in work)
         start = clock
-        clock += cost.pass_time(n_tokens, n_pairs)
+        clock += cost.pass_time(len(work) + padding, n_tokens, n_pairs)
         passes.append({"start": start, "end": clock, "tokens": n_tokens, "pairs": n_pairs,
                        "sequences": len(work),
                        "prefill_tokens": sum(len(c) for s, c in work if s.prefilling)})
