@@ -48,4 +48,5 @@ def test_chunks_and_occupancy():
         chunk_bounds(7, 8)
     assert occupancy(1, 8, 1, 132) == pytest.approx(8 / 132)
     assert occupancy(64, 8, 1, 132) == pytest.approx(512 / (132 * 4))
-    assert splits_to_fill(1, 8, 132) == 17 and occupancy(1, 8, 17, 132) < 1  # 136: a 2nd wave
+    assert splits_to_fill(1, 8, 132) == 16 and occupancy(1, 8, 16, 132) == pytest.approx(128 / 132)
+    assert occupancy(1, 8, 17, 132) < 0.6  # 136 blocks: a second wave for 4 of them

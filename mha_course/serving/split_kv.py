@@ -112,5 +112,13 @@ def occupancy(batch: int, heads: int, n_splits: int, sms: int) -> float:
 
 
 def splits_to_fill(batch: int, heads: int, sms: int) -> int:
-    """The fewest chunks that give every SM at least one thread block."""
-    return max(1, math.ceil(sms / (batch * heads)))
+    """The most chunks that still fit one wave: ``sms // (batch · heads)`` (at least 1).
+
+    One more chunk would start a second wave that leaves most SMs idle (:func:`occupancy`).
+
+    Examples
+    --------
+    >>> splits_to_fill(1, 8, 132), splits_to_fill(64, 8, 132)
+    (16, 1)
+    """
+    return max(1, sms // (batch * heads))
