@@ -128,3 +128,13 @@ def test_lesson_09s_gpt_reads_into_the_decoder_unchanged():
     np.testing.assert_allclose(dec.step(tokens[:9], cache), model.step(tokens[:9], caches),
                                rtol=1e-10, atol=1e-12)
     assert dec.parameter_count() == model.n_params
+
+
+def test_parameters_are_named_as_lesson_09s_gpt_names_them():
+    from mha_course.models.gpt import GPT, GPTConfig
+
+    model = GPT(GPTConfig(vocab_size=13, d_model=16, n_layers=2, h=4, n_kv_heads=2,
+                          context_length=32), rng=0)
+    mine = Decoder.from_model(model).parameters()
+    assert list(mine) == list(model.parameters())
+    assert all(mine[k] is v for k, v in model.parameters().items())  # shared, not copied

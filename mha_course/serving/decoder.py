@@ -297,13 +297,22 @@ class Decoder:
         return [logits[bounds[i]:bounds[i + 1]] for i in range(len(chunks))]
 
     # ------------------------------------------------------------------- sizes
+    def parameters(self) -> dict[str, np.ndarray]:
+        """Every weight by name, as lesson 09's ``GPT.parameters()`` names them (``W_E``,
+        ``L{i}.attn_norm``, ``L{i}.W_q`` .. ``L{i}.W_down``, ``norm_f``, ``W_U``)."""
+        params = {"W_E": self.embedding}
+        for i, l in enumerate(self.layers):
+            params[f"L{i}.attn_norm"] = l.norm_attn
+            params.update({f"L{i}.{name}": W for name, W in l.attn.parameters().items()})
+            params.update({f"L{i}.mlp_norm": l.norm_mlp, f"L{i}.W_gate": l.W_gate,
+                           f"L{i}.W_up": l.W_up, f"L{i}.W_down": l.W_down})
+        return {**params, "norm_f": self.norm_final, "W_U": self.W_out}
+
     def parameter_count(self, embedding: bool = True) -> int:
         """Parameters; ``embedding=False`` leaves out the embedding table, of which a step
         reads only the rows of its tokens."""
-        n = sum(sum(p.size for p in l.attn.parameters().values()) + l.norm_attn.size
-                + l.norm_mlp.size + l.W_gate.size + l.W_up.size + l.W_down.size
-                for l in self.layers) + self.norm_final.size + self.W_out.size
-        return n + (self.embedding.size if embedding else 0)
+        n = sum(p.size for p in self.parameters().values())
+        return n - (0 if embedding else self.embedding.size)
 
     def weight_bytes(self) -> int:
         """Bytes a decode step reads for the weights: all but the embedding table."""
