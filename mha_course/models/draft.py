@@ -31,7 +31,7 @@ COMMAND = "python -m mha_course.models.draft"
 STANDIN = HERE / "serving_target_standin.npz"
 
 #: A stand-in for lesson 09's checkpoint, for as long as that one is not shipped: lesson 09's
-#: recipe at a config between the draft's and lesson 09's (``RECIPE``: 3 blocks, d_model 96).
+#: recipe at a config between the draft's and lesson 09's own (``RECIPE``).
 STANDIN_RECIPE = {
     "config": {"vocab_size": 65, "d_model": 64, "n_layers": 2, "h": 4, "n_kv_heads": 2,
                "context_length": 256},
