@@ -28,17 +28,6 @@ HERE = Path(__file__).parent
 DRAFT = HERE / "shakespeare_draft.npz"
 COMMAND = "python -m mha_course.models.draft"
 
-STANDIN = HERE / "serving_target_standin.npz"
-
-#: A stand-in for lesson 09's checkpoint, for as long as that one is not shipped: lesson 09's
-#: recipe at a config between the draft's and lesson 09's own (``RECIPE``).
-STANDIN_RECIPE = {
-    "config": {"vocab_size": 65, "d_model": 64, "n_layers": 2, "h": 4, "n_kv_heads": 2,
-               "context_length": 256},
-    "model_seed": 0, "train_seed": 0, "steps": 1000, "batch_size": 16, "T": 256, "lr": 3e-3,
-    "repeat_fraction": 0.0,
-}
-
 #: The draft: lesson 09's recipe, smaller.
 DRAFT_RECIPE = {
     "config": {"vocab_size": 65, "d_model": 32, "n_layers": 1, "h": 2, "n_kv_heads": 1,
@@ -75,32 +64,12 @@ def load_draft_gpt(dtype=np.float32, path=DRAFT) -> GPT:
     return GPT.load(path, dtype=dtype)
 
 
-def load_standin_target(dtype=np.float32, path=STANDIN) -> GPT:
-    """The stand-in target (:data:`STANDIN_RECIPE`), made by ``python -m
-    mha_course.models.draft target``.
-
-    Raises
-    ------
-    ValueError
-        If the file is missing or was made with another recipe.
-    """
-    if not Path(path).exists():
-        raise fail("load_standin_target", f"{path} does not exist: make it with {COMMAND} target")
-    if Path(path) == STANDIN and checkpoint_info(path)["recipe"] != STANDIN_RECIPE:
-        raise fail("load_standin_target", f"{path} was made with another recipe: make it again "
-                                          f"with {COMMAND} target")
-    return GPT.load(path, dtype=dtype)
-
-
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__.splitlines()[0])
-    parser.add_argument("what", nargs="?", choices=["draft", "target"], default="draft",
-                        help="the draft (default), or the stand-in target")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
-    path, recipe = (DRAFT, DRAFT_RECIPE) if args.what == "draft" else (STANDIN, STANDIN_RECIPE)
-    _, meta = make_checkpoint(path, recipe, progress=not args.no_progress)
-    print(f"wrote {path}: {meta['steps']} steps in {meta['seconds']} s, validation loss "
+    _, meta = make_checkpoint(DRAFT, DRAFT_RECIPE, progress=not args.no_progress)
+    print(f"wrote {DRAFT}: {meta['steps']} steps in {meta['seconds']} s, validation loss "
           f"{meta['val_loss']} nats per character, {meta['n_params']:,} parameters")
 
 
