@@ -9,8 +9,14 @@ from threadpoolctl import threadpool_limits
 
 from mha_course.models.draft import DRAFT, DRAFT_RECIPE, draft_info, load_draft_gpt
 from mha_course.models.gpt_train import evaluate
-from mha_course.models.shakespeare import (CHECKPOINT, FIRST_STEPS, RECIPE, checkpoint_info, corpus,
-                                           train_recipe)
+from mha_course.models.shakespeare import (
+    CHECKPOINT,
+    FIRST_STEPS,
+    RECIPE,
+    checkpoint_info,
+    corpus,
+    train_recipe,
+)
 
 
 def test_the_shipped_draft_was_made_by_its_recipe_and_is_small():
