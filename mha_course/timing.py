@@ -2,7 +2,8 @@
 
 Not a concept of the course but its measuring tape: lesson 01 (``notebooks/01_matmul.ipynb``)
 times pure-Python loops against NumPy with it, so the lesson shows what is measured rather than
-how the stopwatch works.
+how the stopwatch works; lesson 07's performance lab (``notebooks/07_flash_attention.ipynb``)
+times with it too and checks every share it prints with the last two functions here.
 
 - :func:`best_time` is the fastest of a few runs of one call, in CPU seconds. CPU time
   (``time.process_time``) counts only this process's work, so other programs on a busy machine
@@ -12,11 +13,18 @@ how the stopwatch works.
 - :func:`one_blas_thread` holds NumPy's matrix library (BLAS) to one thread while it is active,
   for a like-for-like comparison with single-threaded Python loops (needs ``threadpoolctl``,
   which comes with the test tools; without it the block runs unchanged and says so).
+- :func:`share_of_peak` and :func:`share_of_roof` turn a measured rate into a share of the
+  machine's peak or of its roofline and *refuse* a share above 100 %: a point above its roof
+  means the peak (or the bandwidth) was measured badly, not that the program beat the machine.
+  A timing cell whose output the tests cannot compare calls them, so a wrong peak makes the cell
+  fail instead of printing a wrong table.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
+import numbers as numbers_module
 import time
 import timeit
 from collections.abc import Callable, Iterator
@@ -130,3 +138,91 @@ def one_blas_thread() -> Iterator[bool]:
         return
     with threadpool_limits(limits=1, user_api="blas"):
         yield True
+
+
+def share_of_peak(rate: float, peak: float, what: str, unit: str = "GFLOP/s") -> float:
+    """``rate / peak``, refusing a share above 1 (more than the machine's best measured rate).
+
+    Parameters
+    ----------
+    rate, peak : float
+        Positive rates in the same unit; ``peak`` should be the best rate of any matrix product
+        timed in the same run (a peak measured in a slow moment makes every share too large).
+    what : str
+        What ran at ``rate``, for the message.
+    unit : str, default "GFLOP/s"
+
+    Returns
+    -------
+    float
+        The share, in (0, 1].
+
+    Raises
+    ------
+    ValueError
+        If a rate is not a positive finite number, or ``rate > peak``.
+
+    Examples
+    --------
+    >>> share_of_peak(30.0, 120.0, "the lean forward")
+    0.25
+    """
+    func = "share_of_peak"
+    _check_positive(func, rate=rate, peak=peak)
+    if rate > peak:
+        raise fail(func, f"{what} ran at {rate:.1f} {unit}, {rate / peak:.0%} of the peak "
+                         f"{peak:.1f} {unit}: no program outruns the machine's best matrix "
+                         "product, so the peak was measured in a slow moment; take the best rate "
+                         "of every product timed in this run, re-timed beside the others")
+    return rate / peak
+
+
+def share_of_roof(achieved: float, intensity: float, peak: float, bandwidth: float, what: str,
+                  unit: str = "GFLOP/s") -> float:
+    """Share of its roofline bound ``min(peak, bandwidth · intensity)``; refuses a point above it.
+
+    Parameters
+    ----------
+    achieved : float
+        The rate a step reached (FLOPs per second in ``unit``).
+    intensity : float
+        Its arithmetic intensity, FLOPs per byte moved through the memory ``bandwidth`` measures.
+    peak, bandwidth : float
+        The flat roof (``unit``) and the slanted one's slope (bytes per second in the matching
+        unit: GB/s with GFLOP/s).
+    what : str
+        The step, for the message.
+    unit : str, default "GFLOP/s"
+
+    Returns
+    -------
+    float
+        ``achieved / min(peak, bandwidth · intensity)``, in (0, 1].
+
+    Raises
+    ------
+    ValueError
+        If a number is not positive and finite, or the point lies above its roof.
+
+    Examples
+    --------
+    >>> share_of_roof(5.0, 0.5, peak=100.0, bandwidth=20.0, what="softmax")
+    0.5
+    """
+    func = "share_of_roof"
+    _check_positive(func, achieved=achieved, intensity=intensity, peak=peak, bandwidth=bandwidth)
+    roof = min(peak, bandwidth * intensity)
+    if achieved > roof:
+        limit = "peak" if roof == peak else f"bandwidth {bandwidth:.1f} x intensity {intensity:.3g}"
+        raise fail(func, f"{what} is above its roof: achieved {achieved:.1f} {unit}, roof "
+                         f"{roof:.1f} {unit} ({limit}); a measured point cannot beat the "
+                         "roofline, so the peak or the bandwidth was measured badly (or the "
+                         "intensity counts bytes the step does not move through that memory)")
+    return achieved / roof
+
+
+def _check_positive(func: str, **numbers: float) -> None:
+    for name, x in numbers.items():
+        ok = isinstance(x, numbers_module.Real) and not isinstance(x, bool)
+        if not (ok and math.isfinite(float(x)) and x > 0):
+            raise fail(func, f"{name} must be a positive finite number, got {x!r}")

@@ -80,12 +80,34 @@ def _block_for_cache(cache, h, d_k, d_v, itemsize, heads=True, overshoot=False):
     return 2 * b if overshoot else b
 
 
+def _merge(outs, lses, weights="right", lse="right"):
+    m = lses.max(axis=0)
+    m = np.where(np.isfinite(m), m, 0.0)
+    w = np.exp(lses - m)
+    total = w.sum(axis=0)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        lse_out = {"right": m + np.log(total), "max": lses.max(axis=0),
+                   "sum": lses.sum(axis=0), "unshifted": np.log(np.exp(lses).sum(axis=0))}[lse]
+        share = {"right": w / np.where(total > 0, total, 1.0),
+                 "equal": np.full_like(w, 1 / len(w)), "unnormalised": np.exp(lses),
+                 "unscaled": w}[weights]
+        return (share[..., None] * outs).sum(axis=0), lse_out
+
+
+def _merge_nan_on_empty(outs, lses):  # shifts by a max of -inf: NaN for a query with no key
+    with np.errstate(all="ignore"):
+        m = lses.max(axis=0)
+        w = np.exp(lses - m)
+        return (w / w.sum(axis=0))[..., None].__mul__(outs).sum(axis=0), m + np.log(w.sum(0))
+
+
 CORRECT_07 = {
     "07.1": ("check_online_update", _online_update),
     "07.2": ("check_combine", _combine),
     "07.3": ("check_tiled_one_head", _tiled),
     "07.4": ("check_causal_tiles_skipped", _causal_skipped),
     "07.5": ("check_block_size_for_cache", _block_for_cache),
+    "07.6": ("check_merge_chunks", _merge),
 }
 
 
@@ -163,6 +185,22 @@ MISTAKES = [
      lambda *a: _block_for_cache(*a, overshoot=True), r"largest power of two that FITS"),
     ("block-one-head", "check_block_size_for_cache",
      lambda *a: _block_for_cache(*a, heads=False), r"multiply by h"),
+    ("merge-equal-weights", "check_merge_chunks",
+     lambda o, s: _merge(o, s, weights="equal"), r"chunks were weighted equally"),
+    ("merge-unnormalised", "check_merge_chunks",
+     lambda o, s: _merge(o, s, weights="unnormalised"), r"weights exp\(lse_i\) were not normal"),
+    ("merge-weights-not-summing-to-one", "check_merge_chunks",
+     lambda o, s: _merge(o, s, weights="unscaled"), r"do not add up to 1"),
+    ("merge-lse-max", "check_merge_chunks", lambda o, s: _merge(o, s, lse="max"),
+     r"not the largest lse_i"),
+    ("merge-lse-sum", "check_merge_chunks", lambda o, s: _merge(o, s, lse="sum"),
+     r"not by adding them"),
+    ("merge-lse-overflows", "check_merge_chunks", lambda o, s: _merge(o, s, lse="unshifted"),
+     r"exp\(lse_i\) overflowed"),
+    ("merge-nan-for-a-query-with-no-key", "check_merge_chunks", _merge_nan_on_empty,
+     r"no allowed key in any chunk.*shift such a query by 0"),
+    ("merge-per-chunk-lse", "check_merge_chunks", lambda o, s: (_merge(o, s)[0], s),
+     r"one number per query"),
 ]
 
 

@@ -70,8 +70,8 @@ def test_summary_line_says_which_tile_and_its_numbers():
 
 def test_the_figure_has_the_three_panels_and_outlines_the_current_tile():
     fig, s = draw_tile_step(2, block_size=4, causal=False)
-    titles = [ax.get_title() for ax in fig.axes]
-    assert "scores, tile 3 of 9 (outlined)" in titles[0]
+    titles = [ax.get_title() or ax.get_title(loc="left") for ax in fig.axes]
+    assert "scores: tile 3 of 9 outlined" in titles[0]
     assert titles[1] == "output so far vs final\n(current block of queries)"
     assert titles[2] == "running max and sum of the block's queries"
     thick = [p for p in fig.axes[0].patches if p.get_linewidth() > 2]

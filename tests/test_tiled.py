@@ -585,3 +585,96 @@ def test_on_tile_gets_copies(rng):
     assert first["acc"].shape == (2, 5, D_V) and first["m"].shape == first["l"].shape == (2, 5)
     assert not np.shares_memory(first["acc"], states[1]["acc"])
     np.testing.assert_allclose(first["acc"], states[0]["acc"])  # not overwritten later
+
+
+# ------------------------------------------------------------------------- the four tricks
+ALL_TRICKS = [
+    tiled_module.Tricks(max_shortcut=a, ones_column=b, base2=c, shift_in_matmul=d)
+    for a in (True, False) for b in (True, False) for c in (True, False) for d in (True, False)
+]
+
+
+@pytest.mark.parametrize("tricks", ALL_TRICKS, ids=lambda t: "".join(
+    "1" if x else "0" for x in (t.max_shortcut, t.ones_column, t.base2, t.shift_in_matmul)))
+@pytest.mark.parametrize("scale", [1.0, 3.0], ids=["N(0,1)", "N(0,9)"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_every_combination_of_tricks_gives_standard_attention(rng, tricks, scale, causal):
+    q, k, v = qkv(rng, scale=scale)
+    k *= scale
+    out, lse = tiled_attention(q, k, v, causal=causal, block_size=4, return_lse=True,
+                               tricks=tricks)
+    assert max_abs_diff(out, reference(q, k, v, causal=causal)) <= TOL[np.float64]
+    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(D_K)
+    allowed = causal_mask(T, S) if causal else None
+    np.testing.assert_allclose(lse, logsumexp(scores, mask=allowed), atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("kind", MASK_KINDS)
+@pytest.mark.parametrize(("T_", "S_"), [(T, S), (S, T)], ids=["T<S", "T>S"])
+def test_the_shift_in_the_matmul_matches_standard_attention(rng, T_, S_, kind, causal, dtype):
+    # Scores too large for the shortcut (q and k scaled until the Cauchy-Schwarz bound fails at
+    # d_k = 4), so trick 4 runs (or, for blocks it cannot take, the running max).
+    scale = 4.0 if dtype == np.float32 else 10.0
+    q, k, v = qkv(rng, T_=T_, S_=S_, dtype=dtype, scale=scale)
+    k = (k * scale).astype(dtype)
+    assert not tiled_module.exp_is_safe(q / np.sqrt(D_K), np.swapaxes(k, -1, -2), dtype)
+    mask = masks(kind, rng, T_, S_)
+    out = tiled_attention(q, k, v, mask=mask, causal=causal, block_size=4)
+    assert out.dtype == dtype
+    assert max_abs_diff(out, reference(q, k, v, mask, causal)) <= 4 * TOL[dtype]
+
+
+def test_trick_4_runs_for_large_scores_and_not_for_small_ones(rng, monkeypatch):
+    calls = []
+    real = tiled_module._folded_block
+    monkeypatch.setattr(tiled_module, "_folded_block",
+                        lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    q, k, v = qkv(rng, lead=(2,))
+    tiled_attention(q, k, v, block_size=4)
+    assert calls == []  # the shortcut: no shift at all
+    tiled_attention(q * 300.0, k, v, block_size=4)
+    assert len(calls) == -(-T // 4)  # one call per query block
+    calls.clear()
+    tiled_attention(q * 300.0, k, v, block_size=4, tricks=tiled_module.Tricks(
+        shift_in_matmul=False))
+    assert calls == []
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+def test_trick_4_redoes_a_block_whose_later_scores_overflow_the_first_tiles_shift(rng, dtype):
+    # The keys grow along s, so the last tiles' scores exceed the first tile's max by far more
+    # than exp can take (~88 in float32, ~709 in float64): the block must be redone with the
+    # running max, silently (no FloatingPointError even with errors raised) and exactly.
+    q = np.full((T, D_K), 1.0)
+    big = 400.0 if dtype == np.float32 else 3000.0
+    k = np.linspace(0.0, big, S)[:, None] * np.ones(D_K) / np.sqrt(D_K) + rng.normal(size=(S, D_K))
+    v = rng.normal(size=(S, D_V))
+    q, k, v = q.astype(dtype), k.astype(dtype), v.astype(dtype)
+    with np.errstate(over="raise", invalid="raise"):
+        out, lse = tiled_attention(q, k, v, block_size=4, return_lse=True)
+    assert np.all(np.isfinite(out)) and np.all(np.isfinite(lse))
+    assert max_abs_diff(out, reference(q, k, v)) <= TOL[dtype] * 10
+    scores = q @ k.T / np.sqrt(D_K)
+    np.testing.assert_allclose(lse, logsumexp(scores.astype(np.float64)), rtol=1e-6)
+
+
+def test_tricks_must_be_a_tricks(rng):
+    q, k, v = qkv(rng, lead=())
+    with pytest.raises(ValueError, match="^tiled_attention: tricks must be a Tricks, got dict$"):
+        tiled_attention(q, k, v, tricks={"base2": True})
+
+
+def test_base2_none_follows_what_numpy_vectorises(rng, monkeypatch):
+    assert isinstance(tiled_module.exp2_is_vectorised(), bool)
+    used = []
+    real_exp2, real_exp = np.exp2, np.exp
+    monkeypatch.setattr(np, "exp2", lambda *a, **kw: used.append("exp2") or real_exp2(*a, **kw))
+    monkeypatch.setattr(np, "exp", lambda *a, **kw: used.append("exp") or real_exp(*a, **kw))
+    q, k, v = qkv(rng, lead=())
+    tiled_attention(q, k, v, block_size=4)
+    assert set(used) == {"exp2" if tiled_module.exp2_is_vectorised() else "exp"}
+    used.clear()
+    tiled_attention(q, k, v, block_size=4, tricks=tiled_module.Tricks(base2=True))
+    assert set(used) == {"exp2"}

@@ -68,3 +68,70 @@ def test_one_blas_thread_without_threadpoolctl_yields_false(monkeypatch):
     monkeypatch.setattr(timing, "threadpool_limits", None)
     with timing.one_blas_thread() as limited:
         assert limited is False
+
+
+# ------------------------------------------------------------ the lab's honesty checks (07)
+def test_share_of_peak_is_the_rate_over_the_peak():
+    assert timing.share_of_peak(30.0, 120.0, "x") == 0.25
+    assert timing.share_of_peak(120.0, 120.0, "x") == 1.0
+
+
+def test_a_wrong_peak_makes_the_lab_table_fail_instead_of_printing_over_100_percent():
+    # Lesson 07's committed table once printed lean_forward at 102.6 % and PyTorch at 113.7 % of
+    # a 33 GFLOP/s "peak" measured in a slow moment; the lab calls share_of_peak, which refuses.
+    with pytest.raises(ValueError, match=r"share_of_peak: PyTorch F\.sdpa ran at 37\.4 GFLOP/s, "
+                                         r"113% of the peak 33\.0 GFLOP/s"):
+        timing.share_of_peak(37.4, 33.0, "PyTorch F.sdpa")
+
+
+def test_share_of_roof_under_the_flat_and_the_slanted_roof():
+    assert timing.share_of_roof(50.0, 100.0, peak=100.0, bandwidth=10.0, what="matmul") == 0.5
+    assert timing.share_of_roof(2.5, 0.5, peak=100.0, bandwidth=10.0, what="softmax") == 0.5
+
+
+def test_a_wrong_peak_puts_the_roofline_point_above_its_roof_and_is_refused():
+    # The committed roofline once showed projections at 282 % of a 33 GFLOP/s roof.
+    with pytest.raises(ValueError, match=r"share_of_roof: projections is above its roof: "
+                                         r"achieved 92\.9 GFLOP/s, roof 33\.0 GFLOP/s \(peak\)"):
+        timing.share_of_roof(92.9, 56.9, peak=33.0, bandwidth=8.6, what="projections")
+    with pytest.raises(ValueError, match=r"roof 4\.3 GFLOP/s \(bandwidth 8\.6 x intensity 0\.5\)"):
+        timing.share_of_roof(5.0, 0.5, peak=33.0, bandwidth=8.6, what="softmax")
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf"), "fast", True])
+def test_shares_refuse_what_is_not_a_positive_number(bad):
+    with pytest.raises(ValueError, match="share_of_peak: rate must be a positive finite number"):
+        timing.share_of_peak(bad, 1.0, "x")
+    with pytest.raises(ValueError, match="share_of_roof: bandwidth must be a positive finite"):
+        timing.share_of_roof(1.0, 1.0, 1.0, bad, "x")
+
+
+def test_numpy_floats_are_numbers_too():
+    import numpy as np
+
+    assert timing.share_of_peak(np.float32(1.0), np.float64(2.0), "x") == 0.5
+
+
+def test_lesson_07s_timing_cells_check_what_they_print():
+    """The performance lab's outputs are not compared by nbval, so the cells that print shares
+    must compute them with the refusing functions above, the roofline before it is drawn, and
+    every other timing cell must assert something about what it prints."""
+    from pathlib import Path
+
+    import nbformat
+
+    path = Path(__file__).resolve().parent.parent / "notebooks" / "07_flash_attention.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    ignored = [c.source for c in nb.cells if "nbval-ignore-output" in c.metadata.get("tags", [])]
+    lab = [s for s in ignored if "% peak" in s]
+    roof = [s for s in ignored if "of its roof" in s]
+    assert len(lab) == 1 and "share_of_peak(" in lab[0]
+    assert len(roof) == 1 and "share_of_roof(" in roof[0]
+    assert roof[0].index("share_of_roof(") < roof[0].index("plt.subplots(")
+    # Every ignored cell that times something or prints a share (not the tile stepper's widget
+    # view, nor the count of contenders, which differs without PyTorch).
+    timers = ("best_time(", "best_of_alternating(", "share_of_", "secs")
+    timed = [s for s in ignored if any(k in s for k in timers)]
+    assert len(timed) >= 6
+    for source in timed:
+        assert "assert " in source or "share_of_" in source, source.splitlines()[0]

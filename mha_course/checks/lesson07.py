@@ -4,7 +4,8 @@
 The lesson is ``notebooks/07_flash_attention.ipynb``; each ``check_*`` is called by an
 exercise's check cell (see :mod:`mha_course.checks`). The references come from the package at
 check time: :func:`mha_course.logsumexp` and :func:`mha_course.tiled_attention` (its
-``return_lse`` and its ``on_tile`` report, which counts the tiles the causal walk visits).
+``return_lse``, which also gives every chunk's result for 07.6, and its ``on_tile`` report,
+which counts the tiles the causal walk visits).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ __all__ = [
     "check_block_size_for_cache",
     "check_causal_tiles_skipped",
     "check_combine",
+    "check_merge_chunks",
     "check_online_update",
     "check_tiled_one_head",
 ]
@@ -335,3 +337,90 @@ def check_block_size_for_cache(fn) -> None:
                        + (f". Likely mistake: {hints[0]}" if hints else ""))
     passed(ex, "6 caches and shapes (2, 4 and 8 bytes per number, 1 to 32 heads, a cache too "
                "small for any tile) give the largest power-of-two block whose working set fits")
+
+
+# ---------------------------------------------------------------------------------- 07.6
+def _chunk_results(q, k, v, mask, starts):
+    """(outs (C, T, d_v), lses (C, T)) of attention over each chunk of the keys, and the whole
+    (out, lse), all from :func:`mha_course.tiled_attention` with ``return_lse=True``."""
+    bounds = [*starts, k.shape[0]]
+    parts = [tiled_attention(q, k[s0:s1], v[s0:s1], mask=mask[:, s0:s1], return_lse=True)
+             for s0, s1 in zip(bounds[:-1], bounds[1:], strict=True)]
+    whole = tiled_attention(q, k, v, mask=mask, return_lse=True)
+    return np.stack([o for o, _ in parts]), np.stack([lse for _, lse in parts]), whole
+
+
+def _merge_variant(outs, lses, weights="right", lse="right"):
+    """Known wrong merges, for the messages (computed with NumPy warnings off by the caller)."""
+    m = np.where(np.isfinite(lses.max(axis=0)), lses.max(axis=0), 0.0)
+    w = np.exp(lses - m)
+    total = w.sum(axis=0)
+    right_lse = m + np.log(total)
+    lse_out = {"right": right_lse, "max": lses.max(axis=0), "sum": lses.sum(axis=0),
+               "unshifted": np.log(np.exp(lses).sum(axis=0))}[lse]
+    share = {"right": w / np.where(total > 0, total, 1.0), "equal": np.full_like(w, 1 / len(w)),
+             "unnormalised": np.exp(lses), "unscaled": w}[weights]
+    return (share[..., None] * outs).sum(axis=0), lse_out
+
+
+def check_merge_chunks(fn) -> None:
+    """Exercise 07.6: ``merge_chunks(outs, lses) -> (out, lse)`` of the whole key range."""
+    ex = "07.6"
+    rng = np.random.default_rng(706)
+    # (T, S, d_k, d_v, chunk starts, score scale, what is special)
+    probes = [(2, 10, 4, 5, (0, 4, 7), 1.0, "3 chunks"),
+              (5, 12, 3, 2, (0, 3, 6, 9), 1.5, "4 chunks; query 1 has no key in chunk 2"),
+              (1, 9, 6, 4, (0, 5), 3000.0, "one query (decoding), scores so large that "
+                                           "exp(lse) overflows"),
+              (3, 8, 5, 2, (0, 2, 4, 6), 1.0, "query 2 has no allowed key in any chunk")]
+    for T, S, d_k, d_v, starts, scale, label in probes:
+        q = rng.normal(size=(T, d_k)) * scale
+        k, v = rng.normal(size=(S, d_k)), rng.normal(size=(S, d_v))
+        mask = np.ones((T, S), dtype=bool)
+        if "chunk 2" in label:
+            mask[1, starts[2]:starts[3]] = False
+        if "any chunk" in label:
+            mask[2] = False
+        outs, lses, (want_out, want_lse) = _chunk_results(q, k, v, mask, starts)
+        got = call(ex, fn, (outs, lses), ("outs", "lses"))
+        if not isinstance(got, (tuple, list)) or len(got) != 2:
+            kind = f"a {type(got).__name__} of {len(got)}" if isinstance(got, (tuple, list)) \
+                else type(got).__name__
+            raise fail(ex, f"your function returned {kind}; expected a tuple (out, lse)")
+        what = f"for {len(starts)} chunks of S={S} keys, T={T}, d_v={d_v} ({label})"
+        nan = ("a query with no allowed key in any chunk has every lse_i = -inf: its lse is "
+               "-inf and its output 0. Shifting by a max of -inf gives -inf - (-inf) = NaN, so "
+               "shift such a query by 0" if "any chunk" in label else
+               "an exp overflowed: shift by the largest lse_i before exp (lse = m + log "
+               "sum exp(lse_i - m))")
+        for part, name in ((got[1], "lse"), (got[0], "out")):
+            try:
+                arr = np.asarray(part, dtype=float)
+            except (TypeError, ValueError):
+                continue  # not numbers: compare() below says so
+            if np.isnan(arr).any():
+                raise fail(ex, f"your {name} {what} holds NaN. Likely mistake: {nan}")
+        compare(ex, got[1], want_lse, f"your lse {what}", "(T,)", nan_message=nan, variants=[
+            ("the lse of all the keys is log(sum_i exp(lse_i)), not the largest lse_i",
+             lambda o=outs, s=lses: _merge_variant(o, s, lse="max")[1]),
+            ("each lse_i is the log of a sum: merge them with a log-sum-exp, not by adding "
+             "them", lambda o=outs, s=lses: _merge_variant(o, s, lse="sum")[1]),
+            ("exp(lse_i) overflowed: shift by the largest lse_i first, lse = m + log "
+             "sum exp(lse_i - m)", lambda o=outs, s=lses: _merge_variant(o, s, lse="unshifted")[1]),
+        ], shape_hints={(len(starts),): "lse has one number per query, (T,), not one per chunk",
+                        lses.shape: "lse has one number per query, (T,), not one per chunk "
+                                    "and query: merge over the chunk axis"})
+        compare(ex, got[0], want_out, f"your out {what}", "(T, d_v)", nan_message=nan,
+                variants=[
+                    ("the chunks were weighted equally: chunk i's weight is exp(lse_i - lse), "
+                     "its share of the whole sum", lambda o=outs, s=lses: _merge_variant(
+                         o, s, weights="equal")[0]),
+                    ("the weights exp(lse_i) were not normalised: divide by their sum "
+                     "(weight_i = exp(lse_i - lse)), and shift by the largest lse_i first",
+                     lambda o=outs, s=lses: _merge_variant(o, s, weights="unnormalised")[0]),
+                    ("the weights exp(lse_i - m) do not add up to 1: divide them by their sum",
+                     lambda o=outs, s=lses: _merge_variant(o, s, weights="unscaled")[0]),
+                ],
+                shape_hints={(len(starts), T, d_v): "sum over the chunk axis: out is (T, d_v)"})
+    passed(ex, "3 and 4 chunks, a query with no key in one chunk or in all, and scores so large "
+               "that exp(lse) overflows: (out, lse) equal one tiled_attention call over all keys")

@@ -35,7 +35,7 @@ T_EXAMPLE, D_K, D_V, SEED = 9, 4, 3, 7
 #: Block sizes the widget offers (9 positions: 1 is the element-by-element online softmax).
 BLOCKS = (1, 2, 3, 4, 9)
 #: Size of every stepper figure in inches: fixed, so the widget does not jump between steps.
-FIGSIZE = (11.0, 4.2)
+FIGSIZE = (10.6, 4.8)
 
 
 def example_qkv(T: int = T_EXAMPLE, seed: int = SEED):
@@ -182,9 +182,9 @@ def draw_tile_step(step: int = 0, *, block_size: int = 3, causal: bool = False,
     done = {(st["queries"][0] // block, st["keys"][0] // block) for st in states[: step + 1]}
 
     fig = Figure(figsize=FIGSIZE)
-    ax_map = fig.add_axes([0.045, 0.12, 0.3, 0.72])
-    ax_err = fig.add_axes([0.445, 0.12, 0.15, 0.72])
-    ax_txt = fig.add_axes([0.63, 0.12, 0.36, 0.72])
+    ax_map = fig.add_axes([0.055, 0.12, 0.3, 0.68])
+    ax_err = fig.add_axes([0.47, 0.12, 0.13, 0.68])
+    ax_txt = fig.add_axes([0.64, 0.12, 0.355, 0.68])
 
     # Left: the scores, with the tiles' state as an overlay image (one artist, fast to redraw):
     # dark grey = skipped, light grey = still to come, clear = done; the current tile outlined.
@@ -192,7 +192,9 @@ def draw_tile_step(step: int = 0, *, block_size: int = 3, causal: bool = False,
     lim = float(np.abs(scores).max())
     img = ax_map.imshow(np.where(run["allowed"], scores, np.nan), cmap="coolwarm", vmin=-lim,
                         vmax=lim, interpolation="nearest")
-    fig.colorbar(img, cax=fig.add_axes([0.352, 0.12, 0.008, 0.72]), label="score")
+    cbar = fig.colorbar(img, cax=fig.add_axes([0.365, 0.12, 0.01, 0.68]))
+    cbar.set_label("score", fontsize=10)
+    cbar.ax.tick_params(labelsize=9)
     overlay = np.zeros((T, T, 4))  # RGBA, transparent
     for i in range(n_blocks):
         for j in range(n_blocks):
@@ -211,14 +213,13 @@ def draw_tile_step(step: int = 0, *, block_size: int = 3, causal: bool = False,
     ax_map.set_ylim(T - 0.5, -0.5)
     ax_map.set_xticks(range(T))
     ax_map.set_yticks(range(T))
-    ax_map.tick_params(labelsize=7)
-    ax_map.set_xlabel("key s")
-    ax_map.set_ylabel("query t")
+    ax_map.tick_params(labelsize=9)
+    ax_map.set_xlabel("key s", fontsize=10)
+    ax_map.set_ylabel("query t", fontsize=10)
     # Titles at a fixed height skip matplotlib's per-axes title placement (a costly step).
-    ax_map.set_title(f"scores, tile {step + 1} of {n_steps} (outlined)\n"
-                     f"dark grey: skipped ({summary['skipped']}), light grey: to come, "
-                     "white: masked",
-                     fontsize=9, y=1.0, pad=4)
+    ax_map.set_title(f"scores: tile {step + 1} of {n_steps} outlined,\n"
+                     f"skipped ({summary['skipped']}) dark, to come light, masked white",
+                     fontsize=10, y=1.0, pad=4)
 
     # Middle: distance of acc / l from the final output, one bar per query row, on one x scale
     # for every step of this walk, so the bars can be compared between steps.
@@ -230,9 +231,9 @@ def draw_tile_step(step: int = 0, *, block_size: int = 3, causal: bool = False,
     ax_err.set_ylim(T - 0.5, -0.5)
     ax_err.set_xlim(0, top)
     ax_err.set_yticks(range(T), labels=[])  # the rows of the map to its left: no labels again
-    ax_err.tick_params(labelsize=7)
-    ax_err.set_xlabel("max |acc / l - final output|", fontsize=8)
-    ax_err.set_title("output so far vs final\n(current block of queries)", fontsize=9, y=1.0,
+    ax_err.tick_params(labelsize=9)
+    ax_err.set_xlabel("max |acc / l - final|", fontsize=10)
+    ax_err.set_title("output so far vs final\n(current block of queries)", fontsize=10, y=1.0,
                      pad=4)
 
     # Right: m and l per query of the block.
@@ -245,11 +246,12 @@ def draw_tile_step(step: int = 0, *, block_size: int = 3, causal: bool = False,
     lines += ["", "m: running max of the scores seen", "l: running sum of exp(score - m)",
               "block done: out = acc / l is final" if summary["block_done"]
               else "block not done: more key tiles to come"]
-    ax_txt.text(0.0, 1.0, "\n".join(lines), family="monospace", fontsize=9, va="top",
+    ax_txt.text(0.0, 1.0, "\n".join(lines), family="monospace", fontsize=10, va="top",
                 transform=ax_txt.transAxes)
-    ax_txt.set_title("running max and sum of the block's queries", fontsize=9, y=1.0, pad=4)
+    ax_txt.set_title("running max and sum of the block's queries", fontsize=10, y=1.0, pad=4,
+                     loc="left")
     fig.suptitle(f"tiled attention on {T} positions, block_size={block}"
-                 f"{', causal' if causal else ''}", fontsize=11)
+                 f"{', causal' if causal else ''}", fontsize=12)
     return fig, summary
 
 
