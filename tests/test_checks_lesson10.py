@@ -44,19 +44,6 @@ def _critical(config, context, gpu, cache=True, rounding=math.ceil):
     return b
 
 
-def _combine(outs, lses, weights="share"):
-    L = np.stack(lses)
-    m = L.max(axis=0)
-    if weights == "mean":
-        return np.stack(outs).mean(0), m + np.log(np.exp(L - m).sum(0))
-    if weights == "raw":  # exp(lse) without the shift: overflows for large scores
-        w = np.exp(L)
-        return (w[..., None] * np.stack(outs)).sum(0) / w.sum(0)[..., None], np.log(w.sum(0))
-    w = np.exp(L - m)
-    out = (w[..., None] * np.stack(outs)).sum(0) / w.sum(0)[..., None]
-    return out, (L.max(0) if weights == "max-lse" else m + np.log(w.sum(0)))
-
-
 def _best(alpha, c, k_max=16, free=False, off_by_one=False):
     def speed(k):
         e = k + (0 if off_by_one else 1)
@@ -82,9 +69,8 @@ def _tree(parents, n_cached, causal=False, index_positions=False, one_too_far=Fa
 CORRECT_10 = {
     "10.1": ("check_decode_step_bytes", _bytes),
     "10.2": ("check_critical_batch", _critical),
-    "10.3": ("check_combine_partials", _combine),
-    "10.4": ("check_best_draft_length", _best),
-    "10.5": ("check_tree_verification", _tree),
+    "10.3": ("check_best_draft_length", _best),
+    "10.4": ("check_tree_verification", _tree),
 }
 
 # ----------------------------------------------------------------------- named mistakes
@@ -99,15 +85,12 @@ MISTAKES = [
     ("10.2", lambda c, n, g: _critical(c, n, g, cache=False), "you left out the cache"),
     ("10.2", lambda c, n, g: _critical(c, n, g, rounding=lambda x: int(math.floor(x))),
      "round up"),
-    ("10.3", lambda o, l_: _combine(o, l_, "mean"), "a plain mean of the chunks' outputs"),
-    ("10.3", lambda o, l_: _combine(o, l_, "raw"), "exp(lse_j) overflows"),
-    ("10.3", lambda o, l_: _combine(o, l_, "max-lse"), "not the largest lse_j"),
-    ("10.4", lambda a, c, k_max=16: _best(a, c, k_max, free=True), "left out the draft's cost"),
-    ("10.4", lambda a, c, k_max=16: _best(a, c, k_max, off_by_one=True),
+    ("10.3", lambda a, c, k_max=16: _best(a, c, k_max, free=True), "left out the draft's cost"),
+    ("10.3", lambda a, c, k_max=16: _best(a, c, k_max, off_by_one=True),
      "the accepted drafts AND the target's own token"),
-    ("10.5", lambda p, n: _tree(p, n, causal=True), "lets a node see its siblings"),
-    ("10.5", lambda p, n: _tree(p, n, index_positions=True), "its depth after the cache"),
-    ("10.5", lambda p, n: _tree(p, n, one_too_far=True), "n_cached - 1 + depth"),
+    ("10.4", lambda p, n: _tree(p, n, causal=True), "lets a node see its siblings"),
+    ("10.4", lambda p, n: _tree(p, n, index_positions=True), "its depth after the cache"),
+    ("10.4", lambda p, n: _tree(p, n, one_too_far=True), "n_cached - 1 + depth"),
 ]
 
 

@@ -4,7 +4,6 @@ The lesson is ``notebooks/10_serving.ipynb``; each ``check_*`` is called by an e
 cell (see :mod:`mha_course.checks`). The references are computed at check time by the serving
 wing: :func:`~mha_course.serving.roofline.decode_step_cost` and
 :func:`~mha_course.serving.roofline.critical_batch` on real configs,
-:func:`~mha_course.serving.split_kv.combine_partials` on chunks of random attention,
 :func:`~mha_course.serving.speculative.improvement_factor` (Leviathan et al.'s Theorem 3.8), and
 :func:`~mha_course.serving.speculative.tree_mask` with a decoder's own forward pass for the tree.
 """
@@ -20,10 +19,9 @@ from ..model_configs import MODELS
 from ..serving.decoder import ContiguousCache, Decoder, attend_groups, rotate
 from ..serving.roofline import GPUS, critical_batch, decode_step_cost, model_sizes
 from ..serving.speculative import improvement_factor, tree_depths, tree_mask
-from ..serving.split_kv import combine_partials, split_kv_partials
-from .harness import as_array, call, compare, fail, fmt, fmt_shape, passed
+from .harness import as_array, call, compare, fail, fmt, passed
 
-__all__ = ["check_best_draft_length", "check_combine_partials", "check_critical_batch",
+__all__ = ["check_best_draft_length", "check_critical_batch",
            "check_decode_step_bytes", "check_tree_verification"]
 
 ROOF = "mha_course.serving.roofline"
@@ -120,60 +118,10 @@ def check_critical_batch(fn) -> None:
     passed(ex, "batch = ⌈β·W / (F - β·C)⌉ or None, matching the roofline's bisection on 5 cases")
 
 
-# ---------------------------------------------------------- 10.3 combine split-KV partial results
-def check_combine_partials(fn) -> None:
-    """Exercise 10.3: ``combine(outs, lses)`` -> ``(out, lse)``."""
-    ex = "10.3"
-    rng = np.random.default_rng(1003)
-    for lead, T, S, d_k, d_v, n_splits, scale in (((2, 3), 1, 17, 4, 5, 3, 1.0),
-                                                    ((4,), 2, 30, 6, 3, 5, 1.0),
-                                                    ((3,), 1, 12, 2, 4, 4, 500.0)):
-        q = scale * rng.normal(size=(*lead, T, d_k))
-        k, v = rng.normal(size=(*lead, S, d_k)), rng.normal(size=(*lead, S, d_v))
-        outs, lses = split_kv_partials(q[..., None, :, :], k[..., None, :, :],
-                                       v[..., None, :, :], n_splits)
-        outs = [o[..., 0, :, :] for o in outs]
-        lses = [x[..., 0, :] for x in lses]
-        want_out, want_lse = combine_partials(outs, lses)
-        got = call(ex, fn, (outs, lses), ("outs", "lses"),
-                   forbid={"mha_course.serving.split_kv": "combine the chunks yourself"})
-        if not (isinstance(got, tuple) and len(got) == 2):
-            raise fail(ex, f"expected (out, lse); got {type(got).__name__}")
-        label = (f"for {n_splits} chunks of {S} keys, out {fmt_shape(want_out.shape)}"
-                 + (" (scores in the hundreds)" if scale > 1 else ""))
-        stacked, L = np.stack(outs), np.stack(lses)
-        by_size = sum(o * (b - a) for o, (a, b) in zip(outs, _bounds(S, n_splits),
-                                                       strict=True)) / S
-        with np.errstate(all="ignore"):
-            unnormalised = (np.exp(L)[..., None] * stacked).sum(0)
-        mean, lse_max, lse_sum = stacked.mean(axis=0), L.max(axis=0), L.sum(axis=0)
-        compare(ex, got[0], want_out, f"your out {label}", "(..., T, d_v)", variants=[
-            ("a plain mean of the chunks' outputs: weight each by its share of the softmax, "
-             "exp(lse_j - lse)", lambda w=mean: w),
-            ("chunks weighted by their number of keys: what counts is their share of the "
-             "softmax's denominator, exp(lse_j)", lambda w=by_size: w),
-            ("exp(lse_j) without normalising by their sum", lambda w=unnormalised: w)],
-            nan_message="exp(lse_j) overflows when the scores are large: subtract the largest "
-                        "lse first (the same shift the softmax uses)")
-        compare(ex, got[1], want_lse, f"your lse {label}", "(..., T)", variants=[
-            ("the combined lse is log Σ exp(lse_j), not the largest lse_j",
-             lambda w=lse_max: w),
-            ("the combined lse is log Σ exp(lse_j), not Σ lse_j", lambda w=lse_sum: w)],
-            nan_message="exp(lse_j) overflows: compute log Σ exp(lse_j) as m + log Σ exp("
-                        "lse_j - m) with m the largest")
-    passed(ex, "chunks weighted by exp(lse_j - lse) equal one softmax over all the keys, "
-               "large scores included")
-
-
-def _bounds(S, n):
-    edges = np.linspace(0, S, n + 1).round().astype(int)
-    return list(zip(edges[:-1], edges[1:], strict=True))
-
-
-# ------------------------------------------------------------- 10.4 the best draft length
+# ------------------------------------------------------------- 10.3 the best draft length
 def check_best_draft_length(fn) -> None:
-    """Exercise 10.4: ``best_draft_length(alpha, c, k_max=16)`` -> ``(k, speedup)``."""
-    ex = "10.4"
+    """Exercise 10.3: ``best_draft_length(alpha, c, k_max=16)`` -> ``(k, speedup)``."""
+    ex = "10.3"
     for alpha, c, k_max in ((0.8, 0.05, 16), (0.6, 0.2, 16), (0.9, 0.01, 12), (0.3, 0.5, 8),
                             (1.0, 0.1, 10)):
         factors = {k: improvement_factor(alpha, k, c) for k in range(1, k_max + 1)}
@@ -205,10 +153,10 @@ def check_best_draft_length(fn) -> None:
     passed(ex, "the k that maximises (1 - α^(k+1)) / ((1 - α)(k·c + 1)), α = 1 included")
 
 
-# ------------------------------------------------------------- 10.5 verifying a tree of drafts
+# ------------------------------------------------------------- 10.4 verifying a tree of drafts
 def check_tree_verification(fn) -> None:
-    """Exercise 10.5: ``tree_mask_and_positions(parents, n_cached)`` -> ``(mask, positions)``."""
-    ex = "10.5"
+    """Exercise 10.4: ``tree_mask_and_positions(parents, n_cached)`` -> ``(mask, positions)``."""
+    ex = "10.4"
     dec = Decoder.random(vocab=17, d_model=16, n_layers=2, h=4, n_kv_heads=2, rng=1005)
     rng = np.random.default_rng(1005)
     for parents, n_cached in (([-1, 0, 1], 5), ([-1, -1, 0, 0, 1], 7),
