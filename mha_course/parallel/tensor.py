@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import MultiHeadAttention, swiglu
+from .. import MultiHeadAttention, causal_mask, rms_norm, swiglu
 from .._validate import fail, validate_positive_int
 from ..block import swiglu_backward
 from .collectives import Meta, is_meta
@@ -203,6 +203,41 @@ class TensorParallelSwiGLU:
         grads = [swiglu_backward(grad_out, x, *w) for w in self.shards]
         dx = cluster.all_reduce([g.pop("x") for g in grads])
         return dx, grads
+
+
+class TensorParallelGPT:
+    """Every block of a GPT split over ``p`` devices: attention by heads, the MLP by columns and
+    rows, two all-reduces per block; the embedding, the norms and the output head replicated.
+
+    The model is taken by duck typing: lesson 09's :class:`~mha_course.models.gpt.GPT` (or
+    anything with its ``config`` (``eps``), ``W_E``, ``blocks`` (one
+    :class:`~mha_course.MultiHeadAttention` each), ``mlp`` (dicts with ``attn_norm``,
+    ``mlp_norm``, ``W_gate``, ``W_up``, ``W_down``), ``norm_f`` and ``W_U``), whose forward is
+    pre-norm: ``x += attention(rms_norm(x))``, ``x += swiglu(rms_norm(x))``, then
+    ``rms_norm(x) @ W_U``.
+    """
+
+    def __init__(self, model, p):
+        self.model, self.p = model, validate_positive_int("TensorParallelGPT", "p", p)
+        self.attention = [TensorParallelAttention(block, self.p) for block in model.blocks]
+        self.mlps = [TensorParallelSwiGLU(m["W_gate"], m["W_up"], m["W_down"], self.p)
+                     for m in model.mlp]
+
+    def forward(self, cluster, tokens) -> list:
+        """Logits (..., T, V) on every device. The residual stream is replicated: after each
+        all-reduce every device holds the same ``x``, so it is carried once here."""
+        _check_cluster("TensorParallelGPT.forward", cluster, self.p)
+        m, eps = self.model, self.model.config.eps
+        tokens = np.asarray(tokens)
+        mask = causal_mask(tokens.shape[-1])
+        x = m.W_E[tokens]  # (..., T) -> (..., T, d_model), on every device
+        for attention, mlp, norms in zip(self.attention, self.mlps, m.mlp, strict=True):
+            outs = attention.forward(cluster, rms_norm(x, norms["attn_norm"], eps), mask)
+            x = x + outs[0]
+            outs = mlp.forward(cluster, rms_norm(x, norms["mlp_norm"], eps))
+            x = x + outs[0]
+        logits = rms_norm(x, m.norm_f, eps) @ m.W_U
+        return [logits] * self.p
 
 
 def _check_cluster(func: str, cluster, p: int) -> None:
