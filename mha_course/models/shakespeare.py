@@ -17,10 +17,9 @@ its training); the script trains from it, seeded, with a ``tqdm`` bar, on one BL
   ``h · d_k = d_model`` either way, so every weight matrix has the same shape) and an equal
   budget (the same steps, batches and learning rate), for three seeds each;
   :func:`load_study` returns the table.
-- :data:`PROBE_RECIPE`: lesson 09's induction probe: the study's h = 4 model (seed 0) trained
-  again with a quarter of its windows repeating their first half
-  (:func:`~mha_course.models.gpt_train.repeat_first_half`); :func:`load_probes` returns it beside
-  the plain h = 4 model of the study.
+- :data:`PROBE_RECIPE`: lesson 09's induction probe: a 2-block, 64-wide model trained on plain
+  windows and, from the same seeds, with a quarter of its windows repeating their first half
+  (:func:`~mha_course.models.gpt_train.repeat_first_half`); :func:`load_probes` returns both.
 
 Each file also stores the first training losses of every run; ``tests/test_shakespeare.py``
 retrains those steps from the recipe and compares, checks the shipped checkpoint's validation
@@ -59,19 +58,20 @@ FIRST_STEPS = 8
 RECIPE = {
     "config": {"vocab_size": 65, "d_model": 96, "n_layers": 3, "h": 4, "n_kv_heads": 2,
                "context_length": 256},
-    "model_seed": 0, "train_seed": 0, "steps": 3000, "batch_size": 16, "T": 256, "lr": 3e-3,
+    "model_seed": 0, "train_seed": 0, "steps": 1200, "batch_size": 16, "T": 256, "lr": 3e-3,
     "repeat_fraction": 0.0,
 }
 #: h = 1 against h = 4, equal parameters and budget.
 STUDY_RECIPE = {
     "config": {"vocab_size": 65, "d_model": 64, "n_layers": 2, "context_length": 128},
-    "heads": [1, 4], "seeds": [0, 1, 2], "steps": 1000, "batch_size": 32, "T": 128, "lr": 3e-3,
+    "heads": [1, 4], "seeds": [0, 1, 2], "steps": 800, "batch_size": 16, "T": 128, "lr": 3e-3,
 }
-#: The induction probe: the study's h = 4 model, a quarter of its windows repeated.
+#: The induction probe: a 2-block, 64-wide model trained twice, once with a quarter of its
+#: windows repeating their first half.
 PROBE_RECIPE = {
-    "config": {**STUDY_RECIPE["config"], "h": 4}, "model_seed": 0, "train_seed": 0,
-    "steps": STUDY_RECIPE["steps"], "batch_size": STUDY_RECIPE["batch_size"],
-    "T": STUDY_RECIPE["T"], "lr": STUDY_RECIPE["lr"], "repeat_fraction": 0.25,
+    "config": {"vocab_size": 65, "d_model": 64, "n_layers": 2, "h": 4, "context_length": 64},
+    "model_seed": 0, "train_seed": 0, "steps": 800, "batch_size": 32, "T": 64, "lr": 3e-3,
+    "repeat_fraction": 0.25,
 }
 
 
@@ -251,9 +251,8 @@ def make_probes(path=PROBES, progress=True, plain=None) -> dict:
 
 
 def load_probes(path=PROBES, dtype=np.float32) -> dict:
-    """``{"plain": GPT, "repeat": GPT}``: the probe trained on plain windows (the same model as
-    the study's h = 4, seed 0) and the one trained with a quarter of them repeated; and
-    ``"meta"``, what each run recorded."""
+    """``{"plain": GPT, "repeat": GPT}``: the probe trained on plain windows and the one trained
+    with a quarter of them repeated (the same seeds); and ``"meta"``, what each run recorded."""
     if not Path(path).exists():
         raise fail("load_probes", f"{path} does not exist: make it with {COMMAND} probes")
     with np.load(path) as data:
@@ -279,15 +278,14 @@ def main(argv=None) -> None:
         print(f"{CHECKPOINT.name}: {meta['steps']} steps in {meta['seconds']:.0f} s, "
               f"validation loss {meta['val_loss']:.4f} nats/char, {meta['n_params']:,} "
               f"parameters, {CHECKPOINT.stat().st_size / 1e6:.2f} MB")
-    plain = None
     if {"study", "all"} & set(args.what):
-        table, plain = run_study(progress=progress, keep=(4, 0))
+        table = run_study(progress=progress)
         STUDY.write_text(json.dumps(table, indent=1) + "\n")
         for row in table["rows"]:
             print(f"h={row['h']} seed={row['seed']}: val {row['val_loss']:.4f} "
                   f"({row['n_params']:,} parameters, {row['seconds']:.0f} s)")
     if {"probes", "all"} & set(args.what):
-        meta = make_probes(progress=progress, plain=plain)
+        meta = make_probes(progress=progress)
         print(f"{PROBES.name}: " + ", ".join(f"{k} {v['seconds']:.0f} s" for k, v in
                                             meta.items()))
     print(f"done in {time.perf_counter() - start:.0f} s")
