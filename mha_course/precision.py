@@ -11,11 +11,12 @@ bfloat16 after every addition (:func:`sequential_sum`, :func:`matmul_accumulate`
 hardware accumulator of that width would be. The lesson measures what each choice costs
 instead of asserting it.
 
-FlashAttention-3 (Shah et al. 2024, section 3.3) runs attention's matrix products in FP8 with
-two tricks, both here: **block quantisation** (one scale per block of rows instead of one per
+FlashAttention-3 (Shah et al. 2024, arXiv:2407.08608) runs attention's matrix products in FP8
+with two tricks, both here: **block quantisation** (one scale per block of rows instead of one per
 tensor: :func:`quantize`) and **incoherent processing** (multiply ``q`` and ``k`` by the same
-random orthogonal matrix, a Hadamard matrix with random signs, which leaves ``q kᵀ`` unchanged
-and spreads an outlier channel over every channel before rounding: :func:`random_hadamard`).
+random orthogonal matrix, which leaves ``q kᵀ`` unchanged and spreads an outlier channel over
+every channel before rounding; a Hadamard matrix with random signs is one, cheap to apply:
+:func:`random_hadamard`).
 """
 
 from __future__ import annotations

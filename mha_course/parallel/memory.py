@@ -3,7 +3,7 @@
 Taught in ``notebooks/11_parallel_and_precision.ipynb`` (section 7).
 
 Korthikanti et al. (2022, "Reducing activation recomputation in large transformer models",
-section 4 and Table 2) count, for one layer with sequence length ``s``, micro-batch ``b``,
+arXiv:2205.05198, Table 2) count, for one layer with sequence length ``s``, micro-batch ``b``,
 width ``h`` and ``a`` heads, 16-bit activations (2 bytes) and 1-byte dropout masks, what the
 attention block stores for its backward pass: the input of the Q/K/V projections (``2sbh``),
 ``Q`` and ``K`` (``4sbh``), the softmax's output (``2as²b``), its dropout mask (``as²b``) and
@@ -13,9 +13,9 @@ the dropout's output (``2as²b``), ``V`` (``2sbh``), the input of the output pro
 - **tensor parallelism** over ``t`` devices divides everything between the column- and the
   row-parallel matrices by ``t``; the projections' input and the last dropout mask stay
   replicated (``3sbh``);
-- **sequence parallelism** (their section 4.2.2: the LayerNorm and dropout regions split along
-  the sequence) divides those replicated parts by ``t`` as well;
-- **selective recomputation** (their section 5) keeps none of the ``5as²b`` terms and recomputes
+- **sequence parallelism** (theirs: the LayerNorm and dropout regions split along the
+  sequence) divides those replicated parts by ``t`` as well;
+- **selective recomputation** (theirs too) keeps none of the ``5as²b`` terms and recomputes
   them in the backward pass; FlashAttention never stores them in the first place and keeps one
   float32 log-sum-exp per head and query instead (``4asb``);
 - **full recomputation** keeps only the layer's input (``2sbh``) and reruns the forward;

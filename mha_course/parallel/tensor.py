@@ -2,7 +2,7 @@
 
 Taught in ``notebooks/11_parallel_and_precision.ipynb`` (section 2).
 
-Shoeybi et al. (2019, "Megatron-LM", section 3) split a transformer layer so that each block
+Shoeybi et al. (2019, "Megatron-LM", arXiv:1909.08053) split a transformer layer so that each block
 needs one all-reduce in the forward pass and one in the backward pass:
 
 - **attention**: ``W_q``, ``W_k`` and ``W_v`` are split by columns (*column-parallel*), a whole
