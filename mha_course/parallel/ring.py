@@ -123,13 +123,14 @@ def grouped(q, k, v):
             v[..., None, :, :])
 
 
-def block_attention(q, k, v, q_pos, k_pos, causal: bool):
+def block_attention(q, k, v, q_pos, k_pos, causal: bool, pairs=None):
     """One device's step: its queries against one key/value block.
 
     Returns ``(out, lse)`` (the block's normalised output and log-sum-exp, shaped like ``q``'s
-    rows) or ``None`` when the causal mask allows no pair (the block is skipped).
+    rows) or ``None`` when the causal mask allows no pair (the block is skipped). ``pairs``, the
+    block's :func:`pairs_allowed` when the caller has counted them already, saves a count.
     """
-    if causal and pairs_allowed(q_pos, k_pos, True) == 0:
+    if causal and (pairs_allowed(q_pos, k_pos, True) if pairs is None else pairs) == 0:
         return None
     if is_meta(q):
         return Meta(q.shape[:-1] + (v.shape[-1],), q.dtype), Meta(q.shape[:-1], q.dtype)
@@ -189,7 +190,7 @@ def ring_attention(cluster, q_shards, k_shards, v_shards, positions, causal: boo
             src = (i - step) % p  # the device whose key/value block device i holds now
             work[step, i] = pairs_allowed(positions[i], positions[src], causal)
             part = block_attention(q_shards[i], k_cur[i], v_cur[i], positions[i],
-                                   positions[src], causal)
+                                   positions[src], causal, pairs=work[step, i])
             if part is None:
                 continue
             if out[i] is None or is_meta(part[0]):
