@@ -47,6 +47,7 @@ from .lesson05 import *  # noqa: F403
 from .lesson06 import *  # noqa: F403
 from .lesson07 import *  # noqa: F403
 from .lesson08 import *  # noqa: F403
+from .lesson09 import *  # noqa: F403
 from .lesson11 import *  # noqa: F403
 from .lesson13 import *  # noqa: F403
 from .lesson13_parallel import *  # noqa: F403

@@ -91,7 +91,8 @@ def repeat_first_half(x, y, fraction: float, rng) -> tuple[np.ndarray, np.ndarra
     return x, y
 
 
-def evaluate(model, ids, T=None, *, batch_size=32, max_windows=None, head_mask=None) -> float:
+def evaluate(model, ids, T=None, *, batch_size=32, max_windows=None, head_mask=None,
+             blas_threads=1) -> float:
     """Mean loss (nats per token) over consecutive windows of ``T`` ids that cover ``ids`` once.
 
     The forward pass is :func:`~mha_course.models.gpt_fast.fast_logits` (equal to
@@ -109,16 +110,19 @@ def evaluate(model, ids, T=None, *, batch_size=32, max_windows=None, head_mask=N
         Score only the first ``max_windows`` windows (a quicker estimate).
     head_mask : array_like, optional
         As ``GPT.forward``.
+    blas_threads : int or None, default 1
+        BLAS threads while it runs (None: leave NumPy's setting alone).
     """
     T = model.config.context_length if T is None else T
     x, y = eval_windows(ids, T)
     if max_windows is not None:
         x, y = x[:max_windows], y[:max_windows]
     total = 0.0
-    for i in range(0, len(x), batch_size):
-        xb, yb = x[i : i + batch_size], y[i : i + batch_size]
-        logits = fast_logits(model, xb, head_mask=head_mask)  # = model.forward, tested
-        total += cross_entropy(logits, yb, np.ones(yb.shape))[0] * len(xb)
+    with threadpool_limits(limits=blas_threads, user_api="blas"):
+        for i in range(0, len(x), batch_size):
+            xb, yb = x[i : i + batch_size], y[i : i + batch_size]
+            logits = fast_logits(model, xb, head_mask=head_mask)  # = model.forward, tested
+            total += cross_entropy(logits, yb, np.ones(yb.shape))[0] * len(xb)
     return total / len(x)
 
 

@@ -8,7 +8,7 @@ its training); the script trains from it, seeded, with a ``tqdm`` bar, on one BL
     python -m mha_course.models.shakespeare study        # STUDY_RECIPE -> head_count_study.json
     python -m mha_course.models.shakespeare probes       # PROBE_RECIPE -> induction_probes.npz
 
-- :data:`RECIPE`: the model lesson 09 samples from and reads: 3 blocks, ``d_model`` 96, 4 query
+- :data:`RECIPE`: the model lesson 09 samples from and reads: 2 blocks, ``d_model`` 96, 4 query
   heads sharing 2 key/value heads (GQA), SwiGLU, RoPE, context 256; Adam on random windows of
   the training split. :func:`load_shakespeare_gpt` returns it and its tokenizer;
   :func:`checkpoint_info` what the recipe recorded (steps, seconds, the loss curve, the
@@ -56,9 +56,9 @@ FIRST_STEPS = 8
 
 #: The shipped model and its training.
 RECIPE = {
-    "config": {"vocab_size": 65, "d_model": 96, "n_layers": 3, "h": 4, "n_kv_heads": 2,
+    "config": {"vocab_size": 65, "d_model": 96, "n_layers": 2, "h": 4, "n_kv_heads": 2,
                "context_length": 256},
-    "model_seed": 0, "train_seed": 0, "steps": 1200, "batch_size": 16, "T": 256, "lr": 3e-3,
+    "model_seed": 0, "train_seed": 0, "steps": 1500, "batch_size": 8, "T": 256, "lr": 3e-3,
     "repeat_fraction": 0.0,
 }
 #: h = 1 against h = 4, equal parameters and budget.
