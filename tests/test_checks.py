@@ -18,6 +18,7 @@ from test_checks_lesson05 import CORRECT_05
 from test_checks_lesson06 import CORRECT_06
 from test_checks_lesson07 import CORRECT_07
 from test_checks_lesson08 import CORRECT_08
+from test_checks_lesson09 import CORRECT_09
 from test_checks_lesson13 import CORRECT_13
 
 import mha_course
@@ -205,6 +206,7 @@ CORRECT = {
     **CORRECT_06,  # and lesson 06's (tests/test_checks_lesson06.py)
     **CORRECT_07,  # and lesson 07's (tests/test_checks_lesson07.py)
     **CORRECT_08,  # and lesson 08's (tests/test_checks_lesson08.py)
+    **CORRECT_09,  # and lesson 09's (tests/test_checks_lesson09.py)
     **CORRECT_13,  # and lesson 13's, read from its solution notebook (test_checks_lesson13.py)
 }
 
