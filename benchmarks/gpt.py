@@ -8,7 +8,7 @@ Run from the repository root (one thread unless ``--threads N``)::
     .venv/bin/python benchmarks/gpt.py --cpu-time  # busy machine: CPU time, not wall time
 
 It prints, from one run: the versions, the BLAS kernel and thread counts (``harness.py``); for
-the shipped model's configuration (``mha_course.models.shakespeare.RECIPE``: 3 blocks,
+the shipped model's configuration (``mha_course.models.shakespeare.RECIPE``: 2 blocks,
 d_model 96, 4 query heads over 2 K/V heads, SwiGLU, RoPE) on a batch of 16 windows of 256
 characters in float32: the time of one training step (forward, loss, backward) of the readable
 path (``GPT.loss_and_grads``), of the fast path (``gpt_fast.fast_loss_and_grads``, the one the

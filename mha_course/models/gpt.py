@@ -188,7 +188,9 @@ class GPT:
         return GPT.from_parameters(self.config, self.parameters(), dtype=dtype)
 
     # ------------------------------------------------------------------------ forward pass
-    def _tokens(self, func: str, tokens, offset: int = 0) -> np.ndarray:
+    def validate_tokens(self, func: str, tokens, offset: int = 0) -> np.ndarray:
+        """``tokens`` as an int array (..., T) that fits the vocabulary and the context, or a
+        ``ValueError`` naming ``func`` (``offset``: positions already cached)."""
         tokens = np.asarray(tokens)
         if tokens.dtype.kind not in "iu" or tokens.ndim < 1 or tokens.shape[-1] < 1:
             raise fail(func, f"tokens has dtype {tokens.dtype} and shape {tokens.shape}; "
@@ -206,7 +208,8 @@ class GPT:
                              f"{c.vocab_size} (ids 0..{c.vocab_size - 1})")
         return tokens
 
-    def _head_mask(self, func: str, head_mask):
+    def validate_head_mask(self, func: str, head_mask):
+        """``head_mask`` as a float (n_layers, h) array (None stays None), or a ``ValueError``."""
         if head_mask is None:
             return None
         m = np.asarray(head_mask, dtype=self.dtype)
@@ -238,8 +241,8 @@ class GPT:
             On ids outside the vocabulary, too many positions, a wrong ``head_mask``.
         """
         func = "GPT.forward"
-        tokens = self._tokens(func, tokens)
-        mask_h = self._head_mask(func, head_mask)
+        tokens = self.validate_tokens(func, tokens)
+        mask_h = self.validate_head_mask(func, head_mask)
         if mask_h is not None and return_cache:
             raise fail(func, "head_mask is for evaluation; backward needs the unmasked forward")
         c, T = self.config, tokens.shape[-1]
@@ -369,7 +372,7 @@ class GPT:
         if any(cc.tokens_seen != L0 for cc in caches):
             raise fail(func, f"the caches hold {[cc.tokens_seen for cc in caches]} positions; "
                              "every block's must hold the same")
-        tokens = self._tokens(func, tokens, offset=L0)
+        tokens = self.validate_tokens(func, tokens, offset=L0)
         if tokens.shape[:-1] != caches[0].batch_shape:
             raise fail(func, f"tokens has shape {tokens.shape}; expected (..., T) with ... = "
                              f"{caches[0].batch_shape} (from the caches)")
@@ -404,7 +407,7 @@ class GPT:
         ndarray of int64, shape (..., T0 + n_new)
         """
         func = "GPT.generate"
-        prompt = self._tokens(func, prompt)
+        prompt = self.validate_tokens(func, prompt)
         n_new = validate_positive_int(func, "n_new", n_new, minimum=0)
         T0 = prompt.shape[-1]
         if T0 + n_new > self.config.context_length:

@@ -151,10 +151,10 @@ def _forward(model, tokens, head_mask=None, keep=False):
 
 def fast_logits(model, tokens, head_mask=None) -> np.ndarray:
     """``model.forward(tokens, head_mask=head_mask)`` for (B, T) tokens: logits (B, T, V)."""
-    tokens = model._tokens("fast_logits", tokens)
+    tokens = model.validate_tokens("fast_logits", tokens)
     lead = tokens.shape[:-1]
     flat = tokens.reshape(-1, tokens.shape[-1])
-    mask_h = model._head_mask("fast_logits", head_mask)
+    mask_h = model.validate_head_mask("fast_logits", head_mask)
     logits, _ = _forward(model, flat, mask_h)
     return logits.reshape(*lead, tokens.shape[-1], -1)
 
@@ -169,7 +169,7 @@ def fast_loss_and_grads(model, tokens, targets):
     grads : dict of str to ndarray
         Named as ``model.parameters()``.
     """
-    tokens = model._tokens("fast_loss_and_grads", tokens)
+    tokens = model.validate_tokens("fast_loss_and_grads", tokens)
     targets = np.asarray(targets)
     if tokens.ndim != 2 or targets.shape != tokens.shape:
         raise ValueError(f"fast_loss_and_grads: tokens {tokens.shape} and targets "
