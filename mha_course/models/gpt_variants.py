@@ -256,8 +256,8 @@ class VariantGPT(GPT):
         stats : list of dict, with ``stats=True`` (last)
         """
         func = "VariantGPT.forward"
-        tokens = self._tokens(func, tokens)
-        mask_h = self._head_mask(func, head_mask)
+        tokens = self.validate_tokens(func, tokens)
+        mask_h = self.validate_head_mask(func, head_mask)
         if mask_h is not None and return_cache:
             raise fail(func, "head_mask is for evaluation; backward needs the unmasked forward")
         c, T = self.config, tokens.shape[-1]
