@@ -19,6 +19,7 @@ from test_checks_lesson06 import CORRECT_06
 from test_checks_lesson07 import CORRECT_07
 from test_checks_lesson08 import CORRECT_08
 from test_checks_lesson09 import CORRECT_09
+from test_checks_lesson12 import CORRECT_12
 from test_checks_lesson13 import CORRECT_13
 from test_checks_lesson13_generation import CORRECT_13_GENERATION
 
@@ -208,6 +209,7 @@ CORRECT = {
     **CORRECT_07,  # and lesson 07's (tests/test_checks_lesson07.py)
     **CORRECT_08,  # and lesson 08's (tests/test_checks_lesson08.py)
     **CORRECT_09,  # and lesson 09's (tests/test_checks_lesson09.py)
+    **CORRECT_12,  # and lesson 12's (tests/test_checks_lesson12.py)
     **CORRECT_13,  # and lesson 13's, read from its solution notebook (test_checks_lesson13.py)
     **CORRECT_13_GENERATION,  # and its generation bugs from lesson 09
 }

@@ -48,6 +48,7 @@ from .lesson06 import *  # noqa: F403
 from .lesson07 import *  # noqa: F403
 from .lesson08 import *  # noqa: F403
 from .lesson09 import *  # noqa: F403
+from .lesson12 import *  # noqa: F403
 from .lesson13 import *  # noqa: F403
 from .lesson13_generation import *  # noqa: F403
 
