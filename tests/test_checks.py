@@ -21,6 +21,7 @@ from test_checks_lesson08 import CORRECT_08
 from test_checks_lesson09 import CORRECT_09
 from test_checks_lesson12 import CORRECT_12
 from test_checks_lesson13 import CORRECT_13
+from test_checks_lesson13_block2025 import CORRECT_13_BLOCK2025
 from test_checks_lesson13_generation import CORRECT_13_GENERATION
 
 import mha_course
@@ -212,6 +213,7 @@ CORRECT = {
     **CORRECT_12,  # and lesson 12's (tests/test_checks_lesson12.py)
     **CORRECT_13,  # and lesson 13's, read from its solution notebook (test_checks_lesson13.py)
     **CORRECT_13_GENERATION,  # and its generation bugs from lesson 09
+    **CORRECT_13_BLOCK2025,  # and the 2025 block's bugs from lesson 12
 }
 
 
