@@ -110,3 +110,28 @@ def test_numpy_floats_are_numbers_too():
     import numpy as np
 
     assert timing.share_of_peak(np.float32(1.0), np.float64(2.0), "x") == 0.5
+
+
+def test_lesson_07s_timing_cells_check_what_they_print():
+    """The performance lab's outputs are not compared by nbval, so the cells that print shares
+    must compute them with the refusing functions above, the roofline before it is drawn, and
+    every other timing cell must assert something about what it prints."""
+    from pathlib import Path
+
+    import nbformat
+
+    path = Path(__file__).resolve().parent.parent / "notebooks" / "07_flash_attention.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    ignored = [c.source for c in nb.cells if "nbval-ignore-output" in c.metadata.get("tags", [])]
+    lab = [s for s in ignored if "% peak" in s]
+    roof = [s for s in ignored if "of its roof" in s]
+    assert len(lab) == 1 and "share_of_peak(" in lab[0]
+    assert len(roof) == 1 and "share_of_roof(" in roof[0]
+    assert roof[0].index("share_of_roof(") < roof[0].index("plt.subplots(")
+    # Every ignored cell that times something or prints a share (not the tile stepper's widget
+    # view, nor the count of contenders, which differs without PyTorch).
+    timers = ("best_time(", "best_of_alternating(", "share_of_", "secs")
+    timed = [s for s in ignored if any(k in s for k in timers)]
+    assert len(timed) >= 6
+    for source in timed:
+        assert "assert " in source or "share_of_" in source, source.splitlines()[0]
