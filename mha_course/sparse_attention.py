@@ -238,7 +238,7 @@ def topk_mask(scores, top_k: int, mask=None) -> np.ndarray:
     --------
     >>> topk_mask(np.array([[3.0, 1.0, 2.0, 5.0]]), 2).astype(int).tolist()
     [[1, 0, 0, 1]]
-    >>> topk_mask(np.array([[3.0, 1.0, 2.0, 5.0]]), 2, causal_mask(1, 4) & False | \\
+    >>> topk_mask(np.array([[3.0, 1.0, 2.0, 5.0]]), 2,
     ...           np.array([[True, True, False, False]])).astype(int).tolist()
     [[1, 1, 0, 0]]
     """
