@@ -136,6 +136,7 @@ bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/attention.py $(ARGS)
 	$(BIN)/python benchmarks/tiled.py $(ARGS)
 	$(BIN)/python benchmarks/kv_cache.py $(ARGS)
+	$(BIN)/python benchmarks/gpt.py $(ARGS)
 	$(BIN)/python benchmarks/explorer_redraw.py
 
 clean-venv:

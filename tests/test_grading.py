@@ -406,6 +406,19 @@ def test_every_real_solution_passes_in_grading_mode_with_a_probe_seed(tmp_path):
     assert [v.exercise for v in result.verdicts] == ids
 
 
+
+def test_only_the_exercises_named_in_in_kernel_keep_their_check_in_the_kernel():
+    """11.2's check reads counters its argument objects keep: it stays in the kernel, named."""
+    from mha_course.grading.check import IN_KERNEL
+    catalog = exercises(SOLUTIONS)
+    assert set(IN_KERNEL) == {"11.2"} and set(IN_KERNEL) <= set(catalog)
+    hw = make_assignment(["11.1", "11.2", "03.1"], catalog)
+    ref = Checker.create(SOLUTIONS, timeout=30, assignment=hw).graded_bundle
+    marked = {info(c)["exercise"]: bool(info(c).get("grader")) for c in ref.cells
+              if info(c).get("role") == "check"}
+    assert marked == {"03.1": True, "11.1": True, "11.2": False}
+
+
 # --------------------------------------------------------- the instructor trial, end to end
 
 RIGHT = {x: solution_source(x) for x in ("03.1", "03.2", "04.1", "04.5")}
@@ -584,8 +597,8 @@ def test_assign_lists_exercises_and_takes_ids_as_typed(tmp_path):
     assert code == 2 and "already exists; use --force" in out
     code, out = run_cli("assign", "3.1", "-o", tmp_path / "hw.ipynb", "--force")
     assert code == 0 and load_assignment(tmp_path / "hw.assignment.json").exercises == ("03.1",)
-    code, out = run_cli("assign", "9.3", "-o", tmp_path / "x.ipynb")
-    assert code == 2 and "09.3 is now 13.3" in out
+    code, out = run_cli("assign", "9.14", "-o", tmp_path / "x.ipynb")  # 09.1-09.5: lesson 09's
+    assert code == 2 and "09.14 is now 13.14" in out
 
 
 def test_assign_list_into_a_closed_pipe_ends_without_a_traceback():

@@ -132,6 +132,27 @@ def test_widget_toggles_and_menus_redraw_the_summary_and_the_picture():
             batch.tokens[2, :n]]))]
 
 
+def test_widget_reads_a_gpt_on_windows_of_text():
+    from mha_course.models.gpt import GPT, GPTConfig
+    from mha_course.models.tokenizer import CharTokenizer
+
+    tok = CharTokenizer.from_text("KING:\nWhat news?\n")
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, d_model=8, n_layers=2, h=2,
+                          context_length=32), rng=0)
+    windows = np.stack([tok.encode("KING:\nWhat news?"), tok.encode("What news?\nKING:")])
+    box = head_viewer(model, windows, tok)
+    menus, toggles, summary, image = box.children
+    example, token = menus.children
+    assert [label for label, _ in example.options] == ["0: KING:↵What␣news?",
+                                                       "1: What␣news?↵KING:"]
+    assert [label for label, _ in token.options][1:6] == ["0: K", "1: I", "2: N", "3: G", "4: :"]
+    assert "heads L0H0 L0H1 L1H0 L1H1 | every token | " in summary.value
+    token.value = 5
+    assert "| token 5 &#x27;↵&#x27; |" in summary.value and image.value  # html-escaped
+    with pytest.raises(ValueError, match=r"head_viewer: batch has shape \(16,\)"):
+        head_viewer(model, windows[0], tok)
+
+
 def pixels(png: bytes) -> np.ndarray:
     import io
 

@@ -107,11 +107,23 @@ def test_an_instructor_bundles_drill_exercises_and_checks_the_answers(tmp_path):
 
 
 def test_an_old_drill_id_says_where_the_exercise_moved(tmp_path):
-    # An instructor's saved command from before wave 3, when the drill was lesson 09.
-    old = "0" + "9.3"  # spelled so that the drill's renumbering script leaves it alone
+    # An instructor's saved command from before wave 3, when the drill was lesson 09. Its ids
+    # 09.1 to 09.5 are lesson 09's own exercises again (the tiny GPT); 09.14 is not.
+    old = "0" + "9.14"  # spelled so that the drill's renumbering script leaves it alone
     code, text = _cli("assign", old, "13.9", "-o", tmp_path / "old.ipynb")
     assert code == 2 and not (tmp_path / "old.ipynb").exists()
-    assert f"{old} is now 13.3 (the interview drill moved from lesson 0" + "9 to lesson 13)" in text
+    assert (f"{old} is now 13.14 (the interview drill moved from lesson 0" + "9 to lesson 13)"
+            in text)
+
+
+def test_an_old_drill_id_that_lesson_09_uses_again_says_so(tmp_path):
+    # The same saved command with 09.3: it assigns lesson 09's top-p exercise, and says that the
+    # drill exercise that used to carry the id is 13.3 now.
+    old = "0" + "9.3"
+    code, text = _cli("assign", old, "-o", tmp_path / "old.ipynb")
+    assert code == 0 and (tmp_path / "old.ipynb").exists(), text
+    assert (f"note: {old} is an exercise of the new lesson 0" + "9; the drill exercise that was "
+            f"{old} is now 13.3") in text
 
 
 def test_make_check_for_the_drills_old_lesson_names_its_new_number():

@@ -162,11 +162,15 @@ def fmt_shape(shape) -> str:
 
 
 def equal(a, b) -> bool:
-    """Exact equality of two arguments (arrays, lists, layers), NaN equal to NaN."""
-    if isinstance(a, MultiHeadAttention):
-        return isinstance(b, MultiHeadAttention) and all(
-            equal(p, q) for p, q in zip(a.parameters().values(), b.parameters().values(),
-                                        strict=True)
+    """Exact equality of two arguments (arrays, lists, layers and models), NaN equal to NaN.
+
+    A layer or a model (anything with a ``parameters()`` dict, such as lesson 09's ``GPT``) is
+    equal to another of its type with equal parameters.
+    """
+    if isinstance(a, MultiHeadAttention) or callable(getattr(a, "parameters", None)):
+        pa, pb = a.parameters(), getattr(b, "parameters", dict)()
+        return type(a) is type(b) and list(pa) == list(pb) and all(
+            equal(p, q) for p, q in zip(pa.values(), pb.values(), strict=True)
         )
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         a, b = np.asarray(a), np.asarray(b)

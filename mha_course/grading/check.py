@@ -43,6 +43,16 @@ def package_snapshot(package_dir: str) -> Library:
     return Library.snapshot(package_dir)
 
 
+#: Exercises whose check cell still runs in the learner's kernel in grading mode, and why: the
+#: grader sends arguments by value, and these checks read what the learner's function did to an
+#: argument object (not an array) as it ran. Their verdicts are right, but they can be talked
+#: into passing as a learner's own check can (see the README's trust model).
+IN_KERNEL = {
+    "11.2": "its check reads the byte counters of the simulated devices the function sends "
+            "through",
+}
+
+
 @dataclass
 class Checker:
     """What every check of one command runs against, taken when the command starts."""
@@ -122,7 +132,7 @@ class Checker:
         ref.metadata["mha_course"]["grader"] = {"remote": remote, "probes": self.probes,
                                                 "probe_seed": self.assignment.probe_seed}
         for cell in ref.cells:
-            if info(cell).get("role") == "check":
+            if info(cell).get("role") == "check" and info(cell).get("exercise") not in IN_KERNEL:
                 cell.metadata["mha_course"]["grader"] = True
         return ref
 

@@ -1,6 +1,8 @@
 """The head viewer: lines from each token to the tokens it attends to, one colour per head.
 
-Taught in ``notebooks/08_learning.ipynb``.
+Taught in ``notebooks/08_learning.ipynb``; lesson 09 (``notebooks/09_tiny_gpt.ipynb``) reads
+its GPT's heads on lines of a play with it (:func:`head_viewer` takes lesson 08's task examples
+or windows of token ids, and a tokenizer for the labels).
 
 Like bertviz's "head view" (Vig, 2019), drawn with matplotlib alone, so nothing is fetched from
 the network. For each layer, the tokens are listed twice: on the left the queries (the tokens
@@ -94,7 +96,7 @@ def _choices(func, weights, tokens, layers, heads, token):
 
 
 def _font(T: int) -> int:
-    return 10 if T <= 18 else 8
+    return 10 if T <= 18 else 8 if T <= 32 else 6
 
 
 def _frame(fig, tokens, n_layers, h, layers, shown):
@@ -320,12 +322,17 @@ def head_viewer(model, batch, vocab=VOCAB, *, extra_controls=()):
 
     Parameters
     ----------
-    model : TinyTransformer
-    batch : Batch
-        A few examples (e.g. ``make_batch("copy", 8, rng=1)``); each is shown without its
-        padding (its ``2n + 1`` positions).
-    vocab : sequence of str, default :data:`mha_course.models.tasks.VOCAB`
-        The label of every token id.
+    model : TinyTransformer or GPT
+        Anything with ``attention_weights(tokens)`` (one (B, h, T, T) array per layer),
+        ``n_layers`` (or ``config.n_layers``) and ``h`` (or ``config.h``).
+    batch : Batch or ndarray of int, shape (B, T)
+        Lesson 08's task examples (e.g. ``make_batch("copy", 8, rng=1)``), each shown without
+        its padding (its ``2n + 1`` positions); or windows of token ids (lesson 09's lines of a
+        play), each shown whole.
+    vocab : sequence of str, or a tokenizer, default :data:`mha_course.models.tasks.VOCAB`
+        The label of every token id; a tokenizer with ``labels(ids)`` (lesson 09's
+        :class:`~mha_course.models.tokenizer.CharTokenizer`, which shows a space as ``␣`` and
+        a line break as ``↵``).
     extra_controls : sequence of ipywidgets.Widget, optional
         Put first in the row of the example and token menus (the app's model switch).
 
@@ -334,18 +341,36 @@ def head_viewer(model, batch, vocab=VOCAB, *, extra_controls=()):
     ipywidgets.VBox
         Children: a row with the example and token menus, a row of layer and head toggles
         (each head's toggle in its colour), the summary line, and the picture.
+
+    Raises
+    ------
+    ValueError
+        If ``batch`` is neither a Batch nor a (B, T) array of token ids.
     """
     import ipywidgets as widgets
 
-    tokens = batch.tokens  # (B, T)
-    lengths = 2 * batch.lengths + 1  # real positions of each example
+    if hasattr(batch, "lengths"):  # lesson 08's Batch: each example without its padding
+        tokens = batch.tokens  # (B, T)
+        lengths = 2 * batch.lengths + 1  # real positions of each example
+    else:  # windows of text: every position is real
+        tokens = np.asarray(batch)
+        if tokens.ndim != 2 or tokens.dtype.kind not in "iu":
+            raise fail("head_viewer", f"batch has shape {tokens.shape} and dtype {tokens.dtype};"
+                                      " expected a Batch or token ids of shape (B, T)")
+        lengths = np.full(len(tokens), tokens.shape[1])
 
     def labels(ids):
-        return [vocab[i] for i in ids]
+        return list(vocab.labels(ids)) if hasattr(vocab, "labels") else [vocab[i] for i in ids]
 
     weights = model.attention_weights(tokens)  # n_layers arrays (B, h, T, T), computed once
-    n_layers, h = model.n_layers, model.h
-    names = ["".join(labels(row[:n])) for row, n in zip(tokens, lengths, strict=True)]
+    config = getattr(model, "config", model)  # a GPT keeps its sizes in its config
+    n_layers, h = config.n_layers, config.h
+
+    def name(row):
+        text = "".join(row)
+        return text if len(text) <= 32 else text[:31] + "…"
+
+    names = [name(labels(row[:n])) for row, n in zip(tokens, lengths, strict=True)]
     example = widgets.Dropdown(options=[(f"{b}: {name}", b) for b, name in enumerate(names)],
                                value=0, description="example",
                                layout=widgets.Layout(width="260px"))

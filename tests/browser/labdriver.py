@@ -9,6 +9,7 @@ is told apart from a ``stderr`` stream (both render with
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import time
 from pathlib import Path
@@ -28,8 +29,12 @@ def lessons() -> list[Path]:
 
 def notebooks() -> list[Path]:
     """Every notebook the suite runs in JupyterLab: the lessons, then the others (the app's
-    ``app.ipynb``, which ``make app`` serves with Voila, runs in JupyterLab too)."""
+    ``app.ipynb``, which ``make app`` serves with Voila, runs in JupyterLab too). The
+    appendices (``appendix_*.ipynb``) need PyTorch: without it they are left out, as ``make
+    nbval`` leaves them out."""
     others = sorted(set(LESSONS_DIR.glob("*.ipynb")) - set(lessons()))
+    if importlib.util.find_spec("torch") is None:
+        others = [p for p in others if not p.name.startswith("appendix_")]
     return lessons() + others
 
 
@@ -153,6 +158,12 @@ def run_all(page, path: str, timeout: float = 120.0) -> None:
           if (busy || kernel.status !== 'idle') {{ window.__mhaQuiet = null; return false; }}
           if (counted === code.length) return true;
           // Cells left unnumbered (run-all stopped at an error): done once nothing moved for 3 s.
+          // Only after an error that stops Run All: the kernel can report 'idle' for a moment
+          // while a long cell still runs (a tqdm widget's messages), and an off-screen cell's
+          // prompt is not drawn, so quiet alone does not mean stopped.
+          const stopped = code.some(c => !(c.model.getMetadata('tags') || []).includes(
+              'raises-exception') && c.model.outputs.toJSON().some(o => o.output_type === 'error'));
+          if (!stopped) {{ window.__mhaQuiet = null; return false; }}
           const now = Date.now();
           if (!window.__mhaQuiet || window.__mhaQuiet.counted !== counted)
             window.__mhaQuiet = {{counted, since: now}};

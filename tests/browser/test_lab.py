@@ -8,6 +8,7 @@ printed; ``-s`` shows them as they are taken).
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from itertools import pairwise
 
@@ -29,6 +30,8 @@ LAPTOP_VIEWPORT = {"width": 1366, "height": 650}
 # Every lesson, and the app's notebook (notebooks/app.ipynb: the widgets that `make app` serves).
 @pytest.mark.parametrize("lesson", [p.name for p in notebooks()])
 def test_lesson_runs_all_cells_in_jupyterlab_without_errors(run_lesson, lesson):
+    if lesson.startswith("appendix_") and importlib.util.find_spec("torch") is None:
+        pytest.skip(f"{lesson} needs PyTorch (pip install -e '.[reference]')")
     run = run_lesson(lesson)
     print(f"\n{lesson}: seconds {run.seconds}")
     for shot in run.screenshots:

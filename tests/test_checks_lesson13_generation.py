@@ -1,0 +1,174 @@
+"""Lesson 13's drill, part two (generation bugs from lesson 09, 13.16 to 13.18): every broken
+function fails its check naming the property it breaks, the solution passes, and each named
+wrong fix is recognised.
+
+The broken functions and the solutions are read from the notebook a learner sees:
+``solutions/13_interview_drill.ipynb``. The generic contract (one stable success
+line, the stub passes through as "not attempted", ``None`` and exceptions fail) is tested by
+``tests/test_checks.py`` over :data:`CORRECT_13_GENERATION`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pytest
+
+import mha_course
+from mha_course import checks
+from mha_course.checks import CheckFailed, lesson13_generation, properties
+
+ROOT = Path(__file__).resolve().parent.parent
+CHECKS = {"13.16": "check_nucleus", "13.17": "check_temperature",
+          "13.18": "check_decode_offset"}
+
+
+def _cells():
+    """{exercise: {role: source}} for 13.16-13.18, from the drill or lesson 09's fragment."""
+    for path in (ROOT / "solutions" / "13_interview_drill.ipynb",):
+        found: dict[str, dict[str, str]] = {}
+        if path.is_file():
+            for cell in nbformat.read(path, as_version=4).cells:
+                info = cell.metadata.get("mha_course", {})
+                role = "broken" if info.get("kind") == "broken" else info.get("role")
+                if info.get("exercise") in CHECKS and role in ("broken", "solution"):
+                    found.setdefault(info["exercise"], {})[role] = cell.source
+        if sorted(found) == sorted(CHECKS):
+            return found
+    raise AssertionError("exercises 13.16-13.18 are in neither the drill nor the fragment")
+
+
+def _define(source: str, prefix: str):
+    ns = {"np": np, "mha_course": mha_course, "checks": checks, "__name__": "drill"}
+    exec(compile(source, f"<{prefix}>", "exec"), ns)  # noqa: S102  (the course's own cells)
+    names = [n for n, v in ns.items() if callable(v) and getattr(v, "__module__", "") == "drill"
+             and n.startswith(prefix)]
+    return ns[names[0]]
+
+
+CELLS = _cells()
+CORRECT_13_GENERATION = {ex: (name, _define(CELLS[ex]["solution"], ""))
+                         for ex, name in CHECKS.items()}
+BROKEN_PROPERTY = {"13.16": lesson13_generation.NUCLEUS,
+                   "13.17": lesson13_generation.TEMPERATURE, "13.18": properties.CACHED}
+
+
+def test_every_check_is_exported_and_has_a_broken_and_a_solved_version():
+    assert set(lesson13_generation.__all__) == set(CHECKS.values())
+    assert set(CHECKS.values()) <= set(checks.__all__)
+    assert all({"broken", "solution"} <= set(CELLS[ex]) for ex in CHECKS)
+
+
+@pytest.mark.parametrize("ex", sorted(CHECKS))
+def test_the_broken_version_fails_naming_the_property_it_breaks(ex, capsys):
+    broken = _define(CELLS[ex]["broken"], "buggy_")
+    capsys.readouterr()  # the cell's demo printed its numbers and diagnosis
+    with pytest.raises(CheckFailed) as info:
+        getattr(checks, CHECKS[ex])(broken)
+    message = str(info.value)
+    assert message.startswith(f"Exercise {ex}: property violated: {BROKEN_PROPERTY[ex]}. ")
+    assert "Likely mistake" not in message, "the broken version gets no hint"
+
+
+@pytest.mark.parametrize("ex", sorted(CHECKS))
+def test_the_broken_cell_runs_and_diagnose_prints_the_same_property(ex, capsys):
+    _define(CELLS[ex]["broken"], "buggy_")
+    assert f"Exercise {ex}: property violated: {BROKEN_PROPERTY[ex]}. " in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("ex", sorted(CHECKS))
+def test_the_solution_passes_and_the_stub_is_not_attempted(ex, capsys):
+    name, fn = CORRECT_13_GENERATION[ex]
+    getattr(checks, name)(fn)
+    assert capsys.readouterr().out.startswith(f"Exercise {ex} passed: ")
+
+    def stub(*args, **kwargs):
+        raise NotImplementedError(f"Exercise {ex}: the task")
+
+    with pytest.raises(NotImplementedError):
+        getattr(checks, name)(stub)
+
+
+# ------------------------------------------------------------------ named wrong fixes
+def _nucleus(logits, p, kind):
+    probs = mha_course.softmax(logits)
+    order = np.argsort(probs if kind == "ascending" else -probs, axis=-1, kind="stable")
+    sp = np.take_along_axis(probs, order, axis=-1)
+    cum = np.cumsum(sp, axis=-1)
+    if kind == "shift_no_first":  # fish-speech's fix, without forcing the first token in
+        remove = cum > p
+        shifted = remove.copy()
+        shifted[..., 1:] = remove[..., :-1]  # shifted[..., 0] stays cum[0] > p
+        keep_sorted = ~shifted
+    else:
+        keep_sorted = (cum - sp) < p
+    keep = np.empty_like(keep_sorted)
+    np.put_along_axis(keep, order, keep_sorted, axis=-1)
+    kept = np.where(keep, probs, 0.0)
+    if kind == "not_renormalised":
+        return kept
+    with np.errstate(invalid="ignore"):
+        return kept / kept.sum(axis=-1, keepdims=True)
+
+
+def _sampling(logits, temperature, kind):
+    scaled = {"twice": logits / temperature**2, "times": logits * temperature,
+              "plus": logits + temperature}[kind]
+    e = np.exp(scaled - scaled.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _offset(layer, x, n_prompt, kind):
+    h, g = layer.h, layer.n_kv_heads
+    keys = values = None
+    offset, chunk, outs = 0, x[:n_prompt], []
+    for t in range(n_prompt, len(x) + 1):
+        positions = offset + np.arange(len(chunk))
+        q = mha_course.apply_rope(mha_course.split_heads(chunk @ layer.W_q, h), positions,
+                                  layout=layer.rope)
+        k = mha_course.apply_rope(mha_course.split_heads(chunk @ layer.W_k, g), positions,
+                                  layout=layer.rope)
+        v = mha_course.split_heads(chunk @ layer.W_v, g)
+        keys = k if keys is None else np.concatenate([keys, k], axis=-2)
+        values = v if values is None else np.concatenate([values, v], axis=-2)
+        heads, _ = mha_course.scaled_dot_product_attention(
+            q, np.repeat(keys, h // g, axis=-3), np.repeat(values, h // g, axis=-3),
+            mask=mha_course.causal_mask(len(chunk), keys.shape[-2]))
+        outs.append(mha_course.merge_heads(heads) @ layer.W_o)
+        offset += 1 if kind == "one" else len(chunk)
+        chunk = x[t : t + 1]
+    return np.concatenate(outs, axis=-2)
+
+
+WRONG_FIXES = [
+    ("nucleus-ascending", "check_nucleus", lambda lg, p: _nucleus(lg, p, "ascending"),
+     r"sorted in increasing order"),
+    ("nucleus-shift-without-the-first", "check_nucleus",
+     lambda lg, p: _nucleus(lg, p, "shift_no_first"),
+     r"keeps no token at all: the most probable token is always in the nucleus"),
+    ("nucleus-not-renormalised", "check_nucleus",
+     lambda lg, p: _nucleus(lg, p, "not_renormalised"), r"renormalise what the filter keeps"),
+    ("nucleus-calls-top-p-filter", "check_nucleus",
+     lambda lg, p: mha_course.softmax(mha_course.models.sampling.top_p_filter(lg, p)),
+     r"asks you to fix the filter; your answer calls .*top_p_filter"),
+    ("temperature-twice", "check_temperature", lambda lg, t: _sampling(lg, t, "twice"),
+     r"applied twice"),
+    ("temperature-times", "check_temperature", lambda lg, t: _sampling(lg, t, "times"),
+     r"multiplying the logits by τ sharpens"),
+    ("temperature-added", "check_temperature", lambda lg, t: _sampling(lg, t, "plus"),
+     r"are the same"),
+    ("offset-plus-one-after-the-prompt", "check_decode_offset",
+     lambda layer, x, n: _offset(layer, x, n, "one"), r"the prefill holds n_prompt of them"),
+    ("offset-calls-the-layer", "check_decode_offset",
+     lambda layer, x, n: layer(x, mask=mha_course.causal_mask(len(x)))[0],
+     r"fix the loop, not replace it"),
+]
+
+
+@pytest.mark.parametrize(("name", "check", "fn", "match"), WRONG_FIXES,
+                         ids=[w[0] for w in WRONG_FIXES])
+def test_each_named_wrong_fix_is_recognised(name, check, fn, match):
+    with pytest.raises(CheckFailed, match=match):
+        getattr(checks, check)(fn)

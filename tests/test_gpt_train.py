@@ -1,0 +1,71 @@
+"""Training the GPT on text: the schedule, repeated windows, a short seeded run that learns, the
+fast and readable steps giving the same run, evaluation over windows that cover a split."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mha_course.models.corpus import eval_windows
+from mha_course.models.gpt import GPT, GPTConfig
+from mha_course.models.gpt_train import evaluate, learning_rate, repeat_first_half, train_gpt
+
+CONFIG = GPTConfig(vocab_size=7, d_model=16, n_layers=1, h=2, context_length=16)
+# a text a model can learn quickly: "abcdef" cycling with noise
+DATA = np.random.default_rng(0).choice(7, size=3000, p=[0.05, 0.19, 0.19, 0.19, 0.19, 0.19,
+                                                         0.0])
+DATA[::2] = np.arange(len(DATA[::2])) % 6 + 1
+
+
+def test_learning_rate_warms_up_then_decays_to_a_tenth():
+    lrs = [learning_rate(s, 200, 1.0, 20) for s in range(200)]
+    assert lrs[0] == pytest.approx(0.05) and lrs[19] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(lrs[19:], lrs[20:], strict=False))
+    assert lrs[-1] == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("T", [8, 9])
+def test_repeated_windows_repeat_their_first_half(T):
+    x = np.arange(3 * T).reshape(3, T)
+    y = x + 1
+    rx, ry = repeat_first_half(x, y, 1.0, rng=0)
+    half = T // 2
+    np.testing.assert_array_equal(rx[:, half : 2 * half], x[:, :half])
+    np.testing.assert_array_equal(ry[:, :-1], rx[:, 1:])  # targets are still the next token
+    same, _ = repeat_first_half(x, y, 0.0, rng=0)
+    np.testing.assert_array_equal(same, x)
+
+
+def test_a_short_seeded_run_learns_and_repeats_exactly():
+    losses = []
+    for _ in range(2):
+        model = GPT(CONFIG, rng=0, dtype=np.float32)
+        history = train_gpt(model, DATA, steps=60, batch_size=8, lr=1e-2, seed=3,
+                            progress=False, val_ids=DATA[:200], eval_every=30)
+        losses.append(history.loss)
+    np.testing.assert_array_equal(losses[0], losses[1])
+    assert losses[0][-10:].mean() < losses[0][:5].mean() - 0.3
+    assert history.eval_steps.tolist() == [30, 60] and history.seconds > 0
+
+
+def test_fast_and_readable_steps_train_the_same_model():
+    runs = []
+    for fast in (True, False):
+        model = GPT(CONFIG, rng=1)
+        train_gpt(model, DATA, steps=5, batch_size=4, seed=0, progress=False, fast=fast)
+        runs.append(model)
+    for name, p in runs[0].parameters().items():
+        np.testing.assert_allclose(p, runs[1].parameters()[name], atol=1e-10, err_msg=name)
+
+
+def test_evaluate_is_the_mean_loss_over_covering_windows():
+    model = GPT(CONFIG, rng=2)
+    x, y = eval_windows(DATA[:500], 16)
+    assert evaluate(model, DATA[:500], 16, batch_size=7) == pytest.approx(model.loss(x, y))
+
+
+def test_divergence_and_bad_sizes_are_refused():
+    with pytest.raises(ValueError, match="steps=0 must be an integer >= 1"):
+        train_gpt(GPT(CONFIG, rng=0), DATA, steps=0)
+    with pytest.raises(ValueError, match="lr=-1"):
+        train_gpt(GPT(CONFIG, rng=0), DATA, steps=1, lr=-1)
