@@ -12,6 +12,8 @@ The package is in wings, and imports point down this list:
   reports; one check module per lesson); may import the models and the attention;
 - ``mha_course.models``: what learns (tasks, the tiny model, training, specialisation scores,
   shipped weights); may import the attention;
+- ``mha_course.parallel``: attention across devices (simulated devices and collectives, tensor,
+  ring and Ulysses parallelism, activation memory); may import the attention;
 - the top level, here: the attention itself, what lessons 01 to 07 teach (softmax, masks, heads,
   positions, the block, the layer, caches, MLA, tiled and linear attention, costs, real
   configurations); NumPy only.

@@ -25,7 +25,9 @@ Sliding windows: ``init_cache(window=W)`` makes a *rolling buffer* of ``W`` slot
 v0.1's cache): the token at position ``i`` is written to slot ``i mod W``, over the token
 ``W`` positions older, which a query under :func:`~mha_course.sliding_window_mask` can no
 longer see. Memory stays at ``W`` positions however long the sequence grows; ``tokens_seen``
-keeps counting (RoPE needs the true position), while ``len(cache)`` stops at ``W``.
+keeps counting (RoPE needs the true position), while ``len(cache)`` stops at ``W``. (StreamingLLM,
+which keeps its first 4 tokens next to such a window, rotates by the positions within the cache
+instead, caching the keys before RoPE: lesson 06 §8 and exercise 06.4.)
 """
 
 from __future__ import annotations

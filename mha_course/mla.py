@@ -18,7 +18,17 @@ Two ways to compute it, with the same output (:meth:`MultiHeadLatentAttention.fo
   each head attends straight over the latents (one shared key ``[c ; k_rope]``, like MQA); and
   ``weights_i (c W_uv_i) = (weights_i c) W_uv_i``, so ``W_uv`` applies after the weighted sum,
   to ``T`` rows instead of ``S`` (with precomputed weights it folds into ``W_o``). Keys and
-  values are never rebuilt: this is how MLA decodes.
+  values are never rebuilt: this is how MLA decodes. Absorbed decoding *is* multi-query
+  attention: every head attends over one shared ``d_c + d_rope``-wide key and a ``d_c``-wide
+  value (DeepSeek-V2: 576 and 512, for 128 heads).
+
+Which form to use: a score costs ``d_c + d_rope`` multiply-adds per head absorbed against
+``d_k + d_rope`` naive (576 against 192 at V2's sizes), so absorbing pays only when rebuilding
+the cached keys and values dominates, that is when few queries meet a long cache (decoding: about
+119 times fewer multiply-adds for one token over 8,192 cached at V2's sizes). A prefill or a
+training step, with as many queries as keys, is cheaper naive (about 3 times at 4,096 tokens);
+vLLM's MLA backend, for one, runs the naive form for prefill and the absorbed one for decode
+(lesson 06 §6 computes both).
 
 Why the RoPE part must be separate: a rotation between query and key depends on both
 positions, ``q R_mᵀ R_n W_ukᵀ c = q R_{n-m} W_ukᵀ c``, so a rotated ``c W_uk`` could not be
@@ -27,8 +37,9 @@ folded into a query once for all keys. DeepSeek keeps the rotation on a small ex
 (:func:`~mha_course.cost.mla_cache_bytes`).
 
 Simplifications against DeepSeek-V2: queries are projected directly (V2 also compresses them,
-through a 1536-wide latent, which saves activation memory in training and does not change the
-cache), there is no normalisation of the latent, and RoPE uses the half-split layout.
+through a latent of width ``q_lora_rank`` = 1536, which saves activation memory in training and
+does not change the cache; DeepSeek-V2-Lite projects them directly, as here), there is no
+normalisation of the latent, and RoPE uses the half-split layout.
 """
 
 from __future__ import annotations

@@ -65,7 +65,14 @@ class MultiHeadAttention:
     bias : bool, default False
         Add biases ``b_q``, ``b_k``, ``b_v``, ``b_o`` (zeros at start, as in PyTorch).
     rng : int or numpy.random.Generator, optional
-        Seed or generator for the initial weights (Xavier/Glorot uniform, as PyTorch).
+        Seed or generator for the initial weights: Xavier/Glorot uniform on each matrix, so
+        ``W_q`` of shape (d_model, h*d_k) has variance ``2 / (d_model + h*d_k)``. That is
+        PyTorch's choice only on its separate-projection path (``kdim`` or ``vdim`` not
+        ``embed_dim``). ``torch.nn.MultiheadAttention`` otherwise draws Xavier uniform once over
+        its stacked (3*d_model, d_model) ``in_proj_weight`` (variance ``1 / (2*d_model)`` for
+        each of q, k and v) and leaves ``out_proj`` at ``nn.Linear``'s default, Kaiming uniform
+        with ``a = sqrt(5)`` (variance ``1 / (3*d_model)``); copy its weights in to match it
+        (``tests/test_torch_parity.py`` does both).
     n_kv_heads : int, optional
         Number of key/value heads ``g``; must divide ``h``. Default (None): ``h``, the standard
         layer (its weights and outputs are exactly those of a layer built without it).

@@ -26,6 +26,10 @@ Usage::
     keys, values = cache.gather(seq)          # (g, n, d_k), (g, n, d_v): a copy
     child = cache.fork(seq)                   # shares seq's blocks until one of them writes
     cache.free(seq)                           # blocks no other sequence holds: back to the pool
+
+Lesson 10 (``notebooks/10_serving.ipynb``) serves many requests from the pool: a prefix cache
+starts a sequence on shared full blocks (``add_sequence(blocks=...)``) and holds indexed blocks
+with ``retain`` / ``release``; speculative decoding rolls a sequence back with ``truncate``.
 """
 
 from __future__ import annotations
@@ -169,13 +173,69 @@ class PagedKVCache:
         return list(self._tables[self._check_id("PagedKVCache.block_table", seq_id)])
 
     # ---------------------------------------------------------------------- sequences
-    def add_sequence(self) -> int:
-        """Start an empty sequence (no block yet) and return its id."""
+    def add_sequence(self, blocks=()) -> int:
+        """Start a sequence and return its id: empty, or starting with full shared ``blocks``.
+
+        ``blocks`` (lesson 10's prefix cache) are physical blocks already holding positions
+        ``0 .. len(blocks)·block_size - 1`` of another sequence: the new sequence's table starts
+        with them and their reference counts go up by one, as :meth:`fork` does.
+
+        Raises
+        ------
+        ValueError
+            If a block is free or out of range.
+        """
+        blocks = [int(b) for b in blocks]
+        for b in blocks:
+            if not 0 <= b < self.n_blocks or self._refs[b] == 0:
+                raise fail("PagedKVCache.add_sequence", f"block {b} is not a live block of the "
+                           f"pool (0..{self.n_blocks - 1}, held by a sequence or retained)")
         seq_id = self._next_id
         self._next_id += 1
-        self._tables[seq_id] = []
-        self._lens[seq_id] = 0
+        self._tables[seq_id] = blocks
+        self._lens[seq_id] = len(blocks) * self.block_size
+        for b in blocks:
+            self._refs[b] += 1
         return seq_id
+
+    def retain(self, block: int) -> None:
+        """Hold ``block`` for a holder outside the block tables (a prefix cache's index): its
+        reference count goes up by one, so freeing its sequences does not free it."""
+        if not 0 <= block < self.n_blocks or self._refs[block] == 0:
+            raise fail("PagedKVCache.retain", f"block {block} is not a live block")
+        self._refs[block] += 1
+
+    def release(self, block: int) -> None:
+        """Undo one :meth:`retain`; the block returns to the free list when nothing holds it."""
+        if not 0 <= block < self.n_blocks or self._refs[block] == 0:
+            raise fail("PagedKVCache.release", f"block {block} is not held")
+        self._refs[block] -= 1
+        if self._refs[block] == 0:
+            self._free.append(block)
+
+    def truncate(self, seq_id, length: int) -> None:
+        """Keep the first ``length`` positions of ``seq_id`` (speculative decoding's rollback).
+
+        Blocks past the new length leave the table (and return to the free list when nothing
+        else holds them); a kept, partly filled last block is overwritten by later appends
+        (copied first if shared).
+
+        Raises
+        ------
+        ValueError
+            If ``seq_id`` is not live or ``length`` is not between 0 and its length.
+        """
+        func = "PagedKVCache.truncate"
+        self._check_id(func, seq_id)
+        if isinstance(length, bool) or not 0 <= length <= self._lens[seq_id]:
+            raise fail(func, f"length={length!r} must be between 0 and the "
+                             f"{self._lens[seq_id]} positions of sequence {seq_id}")
+        table = self._tables[seq_id]
+        keep = -(-int(length) // self.block_size)  # ceil
+        for block in reversed(table[keep:]):
+            self.release(block)
+        del table[keep:]
+        self._lens[seq_id] = int(length)
 
     def free(self, seq_id) -> None:
         """Forget ``seq_id`` and put its blocks back on the free list.

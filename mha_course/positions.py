@@ -14,7 +14,8 @@ them, so a layer cannot tell word order. Two ways to tell it:
 
 Real code pairs the features in one of two layouts, the same rotation after permuting the
 columns of ``W_q`` and ``W_k`` (loading weights trained in one layout into code that uses the
-other is a known bug, huggingface/transformers#25199):
+other gives wrong scores at every offset but 0; huggingface/transformers#25199 and
+Dao-AILab/flash-attention#288 are the threads that explain the permutation):
 
 - ``layout="half"`` (GPT-NeoX, Hugging Face ``rotate_half``): pair ``j`` is ``(j, j + d/2)``;
 - ``layout="interleaved"`` (Meta's original Llama code, GPT-J): pair ``j`` is ``(2j, 2j + 1)``.
@@ -24,8 +25,11 @@ Face's Llama conversion script does to ``W_q`` and ``W_k``).
 
 A third way adds nothing to the tokens at all: :func:`alibi_bias` (Press et al., 2022, "Train
 Short, Test Long") adds ``-slope_h · (query position - key position)`` to head ``h``'s scores
-before the softmax, with the fixed geometric slopes of :func:`alibi_slopes`: no parameters, and
-the same formula at any length.
+before the softmax, with the fixed geometric slopes of :func:`alibi_slopes`: nothing learned and
+nothing rotated, so the same formula runs at any length; but it is a hard linear recency penalty,
+so at lengths past the trained one distant keys get almost no weight (its effective reach stays
+near the trained length). Stretching RoPE's context instead (position interpolation, NTK-aware
+scaling, YaRN, Llama 3.1's rule) is :mod:`mha_course.rope_scaling`.
 """
 
 from __future__ import annotations

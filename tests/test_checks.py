@@ -19,8 +19,14 @@ from test_checks_lesson06 import CORRECT_06
 from test_checks_lesson07 import CORRECT_07
 from test_checks_lesson08 import CORRECT_08
 from test_checks_lesson09 import CORRECT_09
+from test_checks_lesson10 import CORRECT_10
+from test_checks_lesson11 import CORRECT_11
+from test_checks_lesson12 import CORRECT_12
 from test_checks_lesson13 import CORRECT_13
+from test_checks_lesson13_block2025 import CORRECT_13_BLOCK2025
 from test_checks_lesson13_generation import CORRECT_13_GENERATION
+from test_checks_lesson13_parallel import CORRECT_13_PARALLEL
+from test_checks_lesson13_serving import CORRECT_13_SERVING
 
 import mha_course
 from mha_course import checks
@@ -208,8 +214,14 @@ CORRECT = {
     **CORRECT_07,  # and lesson 07's (tests/test_checks_lesson07.py)
     **CORRECT_08,  # and lesson 08's (tests/test_checks_lesson08.py)
     **CORRECT_09,  # and lesson 09's (tests/test_checks_lesson09.py)
+    **CORRECT_10,  # and lesson 10's (tests/test_checks_lesson10.py)
+    **CORRECT_11,  # and lesson 11's (tests/test_checks_lesson11.py)
+    **CORRECT_12,  # and lesson 12's (tests/test_checks_lesson12.py)
     **CORRECT_13,  # and lesson 13's, read from its solution notebook (test_checks_lesson13.py)
     **CORRECT_13_GENERATION,  # and its generation bugs from lesson 09
+    **CORRECT_13_SERVING,  # its serving bugs, from lesson 10 (test_checks_lesson13_serving.py)
+    **CORRECT_13_PARALLEL,  # and its part from lesson 11 (test_checks_lesson13_parallel.py)
+    **CORRECT_13_BLOCK2025,  # and the 2025 block's bugs from lesson 12
 }
 
 

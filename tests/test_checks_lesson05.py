@@ -39,13 +39,22 @@ def _rope_interleaved(x, positions, sign=1.0, speed=2.0, layout="interleaved"):
     return out
 
 
-def _score_table(q, k, P, layout, rotate_k=True, scale=1.0):
-    pos = np.arange(P)
-    qs = mha_course.apply_rope(np.tile(q, (P, 1)), pos, layout=layout)
-    ks = np.tile(k, (P, 1))
-    if rotate_k:
-        ks = mha_course.apply_rope(ks, pos, layout=layout)
-    return qs @ ks.T * scale
+def _llama3(d, base, cfg, *, swap=False, blend="smooth", times=False, compare="wavelength",
+            speed=2.0):
+    """05.3 forbids mha_course.rope_scaling: the rule from the config; keywords make the wrong
+    ones."""
+    theta = base ** (-speed * np.arange(d // 2) / d)
+    factor, L = cfg["factor"], cfg["original_max_position_embeddings"]
+    low, high = cfg["low_freq_factor"], cfg["high_freq_factor"]
+    if swap:
+        low, high = high, low
+    wavelength = 2 * np.pi / theta if compare == "wavelength" else theta
+    slow = theta * factor if times else theta / factor
+    smooth = (L / wavelength - low) / (high - low)
+    middle = {"smooth": (1 - smooth) * slow + smooth * theta,
+              "reversed": smooth * slow + (1 - smooth) * theta, "keep": theta,
+              "divide": slow}[blend]
+    return np.where(wavelength < L / high, theta, np.where(wavelength > L / low, slow, middle))
 
 
 def _masks(src_lengths, tgt_lengths, S, T, enc_causal=False, dec_causal=True, dec_pad=True,
@@ -76,23 +85,30 @@ def _padded_heads(q, k, v, lengths, head_axis=True):
                                                    else mask)
 
 
-def _dropout(weights, p, seed, training, factor=None, keep_p=False, always=False):
-    """05.6 forbids mha_course.dropout; the keywords make the wrong ones."""
-    if not training and not always:
-        return weights
-    draw = np.random.default_rng(seed).random(weights.shape)
-    keep = draw < p if keep_p else draw >= p
-    scale = 1 / (1 - p) if factor is None else factor(p)
-    return np.where(keep, weights * scale, 0.0)
+def _alibi(q, k, v, *, top_left=False, mask="bottom-right", sign=1.0, reverse=False,
+           first_slope_one=False, scale=True, bias_scaled=False):
+    """05.6 forbids mha_course.alibi_bias; the keywords make the wrong ones."""
+    h, T, S, d_k = q.shape[-3], q.shape[-2], k.shape[-2], q.shape[-1]
+    slopes = 2.0 ** (-8 * np.arange(h) / h) if first_slope_one else mha_course.alibi_slopes(h)
+    slopes = slopes[::-1] if reverse else slopes
+    q_pos = np.arange(T)[:, None] + (0 if top_left else S - T)
+    bias = -sign * slopes[:, None, None] * (q_pos - np.arange(S)[None, :])
+    raw = q @ np.swapaxes(k, -1, -2)
+    scores = (raw + bias) / np.sqrt(d_k) if bias_scaled else (
+        raw / (np.sqrt(d_k) if scale else 1.0) + bias)
+    m = {"bottom-right": mha_course.causal_mask(T, S),
+         "top-left": np.tril(np.ones((T, S), dtype=bool)), "none": None}[mask]
+    weights = mha_course.softmax(scores, mask=m)
+    return weights @ v, weights
 
 
 CORRECT_05 = {
     "05.1": ("check_sinusoidal_positions", _positional_encoding),
     "05.2": ("check_rope_interleaved", _rope_interleaved),
-    "05.3": ("check_rope_score_table", _score_table),
+    "05.3": ("check_llama3_rope_frequencies", _llama3),
     "05.4": ("check_encoder_decoder_masks", _masks),
     "05.5": ("check_padded_heads_attention", _padded_heads),
-    "05.6": ("check_attention_dropout", _dropout),
+    "05.6": ("check_alibi_chunk_attention", _alibi),
 }
 
 
@@ -112,12 +128,6 @@ def _pe(layout="interleaved", first="sin", exponent="pair"):
         return np.where(c % 2 == 0, s(angles), co(angles))
 
     return pe
-
-
-def _toeplitz_broken(q, k, P, layout):
-    table = _score_table(q, k, P, layout)
-    table[0, 0] += 0.5  # one entry off its diagonal's value: no known mistake, a broken property
-    return table
 
 
 MISTAKES = [
@@ -147,17 +157,32 @@ MISTAKES = [
     ("rope-calls-the-package", "check_rope_interleaved",
      lambda x, p: mha_course.apply_rope(x, p, layout="interleaved"),
      r"asks you to write the rotation yourself; your answer calls mha_course\.apply_rope"),
-    ("table-transposed", "check_rope_score_table",
-     lambda q, k, P, layout: _score_table(q, k, P, layout).T, r"rows and columns swapped"),
-    ("table-scaled", "check_rope_score_table",
-     lambda q, k, P, layout: _score_table(q, k, P, layout, scale=1 / np.sqrt(len(q))),
-     r"divided by √d"),
-    ("table-k-not-rotated", "check_rope_score_table",
-     lambda q, k, P, layout: _score_table(q, k, P, layout, rotate_k=False),
-     r"only q is rotated"),
-    ("table-other-layout", "check_rope_score_table",
-     lambda q, k, P, layout: _score_table(q, k, P, "interleaved" if layout == "half" else "half"),
-     r"the other layout"),
+    ("llama3-thresholds-swapped", "check_llama3_rope_frequencies",
+     lambda d, b, c: _llama3(d, b, c, swap=True),
+     r"between the two thresholds are left alone \(which is also what swapping"),
+    ("llama3-blend-reversed", "check_llama3_rope_frequencies",
+     lambda d, b, c: _llama3(d, b, c, blend="reversed"), r"the blend is the wrong way round"),
+    ("llama3-multiplied", "check_llama3_rope_frequencies",
+     lambda d, b, c: _llama3(d, b, c, times=True), r"multiplied the slow pairs' frequency"),
+    ("llama3-middle-kept", "check_llama3_rope_frequencies",
+     lambda d, b, c: _llama3(d, b, c, blend="keep"), r"between the two thresholds are left alone"),
+    ("llama3-middle-divided", "check_llama3_rope_frequencies",
+     lambda d, b, c: _llama3(d, b, c, blend="divide"), r"the middle pairs are divided"),
+    ("llama3-all-interpolated", "check_llama3_rope_frequencies",
+     lambda d, b, c: b ** (-2.0 * np.arange(d // 2) / d) / c["factor"],
+     r"every pair is divided by the factor: that is position interpolation"),
+    ("llama3-frequency-thresholds", "check_llama3_rope_frequencies",
+     lambda d, b, c: _llama3(d, b, c, compare="frequency"), r"the thresholds are wavelengths"),
+    ("llama3-speed-j-over-d", "check_llama3_rope_frequencies",
+     lambda d, b, c: _llama3(d, b, c, speed=1.0), r"yours use base\*\*\(-j/d\)"),
+    ("llama3-one-per-feature", "check_llama3_rope_frequencies",
+     lambda d, b, c: np.repeat(_llama3(d, b, c), 2), r"one frequency per PAIR of features"),
+    ("llama3-calls-the-package", "check_llama3_rope_frequencies",
+     lambda d, b, c: mha_course.rope_scaling.llama3_frequencies(
+         d, b, c["factor"], c["low_freq_factor"], c["high_freq_factor"],
+         c["original_max_position_embeddings"]),
+     r"asks you to write the rule from the config yourself; your answer calls "
+     r"mha_course\.rope_scaling"),
     ("masks-encoder-causal", "check_encoder_decoder_masks",
      lambda *a: _masks(*a, enc_causal=True), r"encoder is bidirectional"),
     ("masks-encoder-not-broadcast", "check_encoder_decoder_masks",
@@ -182,19 +207,29 @@ MISTAKES = [
     ("heads-no-mask", "check_padded_heads_attention",
      lambda q, k, v, lengths: mha_course.scaled_dot_product_attention(q, k, v),
      r"the mask had no effect"),
-    ("dropout-one-over-p", "check_attention_dropout",
-     lambda w, p, s, t: _dropout(w, p, s, t, factor=lambda p: 1 / p),
-     r"scaled the survivors by 1/p; it is 1/\(1-p\).*rasbt/LLMs-from-scratch#431"),
-    ("dropout-unscaled", "check_attention_dropout",
-     lambda w, p, s, t: _dropout(w, p, s, t, factor=lambda p: 1.0), r"survivors are not scaled"),
-    ("dropout-keeps-with-p", "check_attention_dropout",
-     lambda w, p, s, t: _dropout(w, p, s, t, keep_p=True), r"kept each weight with probability p"),
-    ("dropout-in-eval", "check_attention_dropout",
-     lambda w, p, s, t: _dropout(w, p, s, t, always=True),
-     r"in evaluation \(training=False\) dropout does nothing: return the weights unchanged"),
-    ("dropout-calls-the-package", "check_attention_dropout",
-     lambda w, p, s, t: mha_course.dropout(w, p, rng=s, training=t),
-     r"asks you to write the dropout yourself; your answer calls mha_course\.dropout"),
+    ("alibi-all-top-left", "check_alibi_chunk_attention",
+     lambda q, k, v: _alibi(q, k, v, top_left=True, mask="top-left"),
+     r"the causal mask is aligned top-left"),
+    ("alibi-mask-top-left", "check_alibi_chunk_attention",
+     lambda q, k, v: _alibi(q, k, v, mask="top-left"), r"the causal mask is aligned top-left"),
+    ("alibi-sign", "check_alibi_chunk_attention", lambda q, k, v: _alibi(q, k, v, sign=-1.0),
+     r"the bias has the wrong sign"),
+    ("alibi-slopes-reversed", "check_alibi_chunk_attention",
+     lambda q, k, v: _alibi(q, k, v, reverse=True), r"the slopes go the wrong way round"),
+    ("alibi-slope-one", "check_alibi_chunk_attention",
+     lambda q, k, v: _alibi(q, k, v, first_slope_one=True), r"the slopes start at 2\*\*0 = 1"),
+    ("alibi-no-mask", "check_alibi_chunk_attention", lambda q, k, v: _alibi(q, k, v, mask="none"),
+     r"no causal mask"),
+    ("alibi-bias-scaled", "check_alibi_chunk_attention",
+     lambda q, k, v: _alibi(q, k, v, bias_scaled=True), r"added before dividing by √d_k"),
+    ("alibi-unscaled", "check_alibi_chunk_attention", lambda q, k, v: _alibi(q, k, v, scale=False),
+     r"not divided by √d_k"),
+    ("alibi-calls-the-package", "check_alibi_chunk_attention",
+     lambda q, k, v: (lambda w: (w @ v, w))(mha_course.softmax(
+         q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+         + mha_course.alibi_bias(q.shape[-3], q.shape[-2], k.shape[-2]),
+         mask=mha_course.causal_mask(q.shape[-2], k.shape[-2]))),
+     r"asks you to build ALiBi's bias yourself; your answer calls mha_course\.alibi_bias"),
 ]
 
 
@@ -205,6 +240,12 @@ def test_check_names_the_likely_mistake(check, wrong, pattern, capsys):
         getattr(checks, check)(wrong)
     assert str(info.value).startswith("Exercise 05.")
     assert capsys.readouterr().out == "", "a failing check prints nothing"
+
+
+def test_alibi_distances_counted_from_the_chunk_start_are_harmless():
+    """Shifting every query's position by S - T moves each bias row by a constant, which the
+    softmax ignores: only the mask's alignment matters (the check passes such an answer)."""
+    checks.check_alibi_chunk_attention(lambda q, k, v: _alibi(q, k, v, top_left=True))
 
 
 def test_the_padded_heads_bug_raises_when_b_differs_from_h_and_the_hint_says_why():
@@ -227,13 +268,8 @@ def test_the_padded_heads_bug_raises_when_b_differs_from_h_and_the_hint_says_why
         checks.check_padded_heads_attention(buggy_from_the_second_probe)
 
 
-def test_a_table_that_is_not_constant_along_a_diagonal_is_reported_as_such():
-    with pytest.raises(CheckFailed, match=r"not constant along the diagonal n - m = 0"):
-        checks.check_rope_score_table(_toeplitz_broken)
-
-
 @pytest.mark.parametrize("check", ["check_sinusoidal_positions", "check_rope_interleaved",
-                                   "check_rope_score_table"])
+                                   "check_llama3_rope_frequencies"])
 def test_an_answer_hard_coded_for_the_first_probe_fails_on_another_shape(check):
     name, right = next(v for v in CORRECT_05.values() if v[0] == check)
     seen = {}

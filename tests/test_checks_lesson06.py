@@ -36,17 +36,28 @@ def _decode(layer, x, step=None):
     return np.concatenate(outs, -2)
 
 
-def _sliding_window_mask(T, window, S=None):
-    S = T if S is None else S
-    p = np.arange(T)[:, None] + S - T
-    s = np.arange(S)[None, :]
-    return (s <= p) & (s > p - window)
+def _streaming_step(q_t, keys, values, n_sink, window, *, positions="cache", sinks=True,
+                    extra=0, duplicate=False, query_at="last", layout="half"):
+    """06.4's step; the keywords make the wrong ones."""
+    n = keys.shape[-2]
+    first = list(range(min(n_sink, n))) if sinks else []
+    last = list(range(max(0, n - window - extra), n))
+    kept = first + last if duplicate else sorted(set(first) | set(last))
+    pos = np.arange(len(kept)) if positions == "cache" else np.array(kept)
+    k = mha_course.apply_rope(keys[..., kept, :], pos, layout=layout)
+    q_pos = {"last": pos[-1], "past": len(kept), "zero": 0}[query_at]
+    q = mha_course.apply_rope(q_t, np.array([q_pos]), layout=layout)
+    return mha_course.scaled_dot_product_attention(q, k, values[..., kept, :])
 
 
-def _absorbed_head(q_nope, q_rope, c, k_rope, W_uk, W_uv, scale=None, rope=True):
+def _absorbed_head(q_nope, q_rope, c, k_rope, W_uk, W_uv, scale=None, rope=True,
+                   mask="bottom-right"):
     d = q_nope.shape[-1] + q_rope.shape[-1]
+    T, S = q_nope.shape[-2], c.shape[-2]
     scores = (q_nope @ W_uk.T) @ c.T + (q_rope @ k_rope.T if rope else 0)
-    weights = mha_course.softmax(scores / (scale or np.sqrt(d)))
+    keep = {"bottom-right": mha_course.causal_mask(T, S), "none": None,
+            "top-left": np.tril(np.ones((T, S), dtype=bool))}[mask]
+    weights = mha_course.softmax(scores / (scale or np.sqrt(d)), mask=keep)
     return (weights @ c) @ W_uv, weights
 
 
@@ -60,7 +71,7 @@ CORRECT_06 = {
     "06.1": ("check_cache_bytes", _cache_bytes_of),
     "06.2": ("check_decode_with_cache", _decode),
     "06.3": ("check_repeat_kv", lambda k, n_rep: np.repeat(k, n_rep, axis=1)),
-    "06.4": ("check_sliding_window_mask", _sliding_window_mask),
+    "06.4": ("check_streaming_step", _streaming_step),
     "06.5": ("check_absorbed_head", _absorbed_head),
     "06.6": ("check_chunk_attention", _chunk_attention),
 }
@@ -109,12 +120,6 @@ def _chunk_top_left(q, k, v):
     return _chunk_attention(q, k, v, mask=lambda T, S: np.tril(np.ones((T, S), dtype=bool)))
 
 
-def _swm_top_left(T, window, S=None):
-    S = T if S is None else S
-    t, s = np.arange(T)[:, None], np.arange(S)[None, :]
-    return (s <= t) & (s > t - window)
-
-
 MISTAKES = [
     ("cache-bytes-all-heads", "check_cache_bytes", _cache_bytes_all_heads,
      r"you used num_attention_heads; the cache holds one key and one value per K/V head"),
@@ -157,16 +162,19 @@ MISTAKES = [
      r"np.tile interleaves the K/V heads .* np.repeat\(k, n_rep, axis=1\)"),
     ("repeat-kv-wrong-axis", "check_repeat_kv", lambda k, n_rep: np.repeat(k, n_rep, axis=2),
      r"you repeated along the positions \(axis 2\)"),
-    ("window-top-left", "check_sliding_window_mask", _swm_top_left,
-     r"the band is aligned top-left"),
-    ("window-one-too-many", "check_sliding_window_mask",
-     lambda T, window, S=None: _sliding_window_mask(T, window + 1, S),
-     r"one key too many"),
-    ("window-symmetric", "check_sliding_window_mask",
-     lambda T, window, S=None: np.abs(np.arange(T)[:, None] - np.arange(T)[None, :]) < window,
-     r"the future is visible"),
-    ("window-calls-the-package", "check_sliding_window_mask", mha_course.sliding_window_mask,
-     r"asks you to build the mask yourself; your answer calls mha_course.sliding_window_mask"),
+    ("streaming-text-positions", "check_streaming_step",
+     lambda *a: _streaming_step(*a, positions="text"),
+     r"rotated the kept keys at their positions in the TEXT"),
+    ("streaming-window-only", "check_streaming_step", lambda *a: _streaming_step(*a, sinks=False),
+     r"you kept only the window: StreamingLLM also keeps the first n_sink tokens"),
+    ("streaming-window-plus-one", "check_streaming_step", lambda *a: _streaming_step(*a, extra=1),
+     r"you kept window \+ 1 tokens at the end"),
+    ("streaming-query-past", "check_streaming_step",
+     lambda *a: _streaming_step(*a, query_at="past"), r"the query is rotated one position too far"),
+    ("streaming-query-zero", "check_streaming_step",
+     lambda *a: _streaming_step(*a, query_at="zero"), r"the query was rotated at position 0"),
+    ("streaming-interleaved", "check_streaming_step",
+     lambda *a: _streaming_step(*a, layout="interleaved"), r"you used the interleaved layout"),
     ("absorb-scale-d-c", "check_absorbed_head",
      lambda q_nope, q_rope, c, k_rope, W_uk, W_uv: _absorbed_head(
          q_nope, q_rope, c, k_rope, W_uk, W_uv, scale=np.sqrt(c.shape[-1] + q_rope.shape[-1])),
@@ -175,11 +183,15 @@ MISTAKES = [
      lambda q_nope, q_rope, c, k_rope, W_uk, W_uv: _absorbed_head(
          q_nope, q_rope, c, k_rope, W_uk, W_uv, rope=False),
      r"the RoPE part is missing"),
+    ("absorb-no-mask", "check_absorbed_head",
+     lambda *a: _absorbed_head(*a, mask="none"), r"no causal mask: a query of the chunk sees"),
+    ("absorb-top-left", "check_absorbed_head",
+     lambda *a: _absorbed_head(*a, mask="top-left"), r"the causal mask is aligned top-left"),
     ("absorb-untransposed", "check_absorbed_head",
      lambda q_nope, q_rope, c, k_rope, W_uk, W_uv: (q_nope @ W_uk, None),
      r"(?s)raised ValueError.*Likely mistake: a shape mismatch: W_uk is \(d_c, d_k\)"),
     ("chunk-top-left", "check_chunk_attention", _chunk_top_left,
-     r"the mask is aligned top-left .* query t may see keys s <= S - T \+ t"),
+     r"with ONE new token \(T = 1\) your weights put everything on key 0: the top-left mask"),
     ("chunk-no-mask", "check_chunk_attention", mha_course.scaled_dot_product_attention,
      r"no mask: a query of the chunk sees the chunk's later tokens"),
 ]
@@ -192,6 +204,43 @@ def test_check_names_the_likely_mistake(check, wrong, pattern, capsys):
         getattr(checks, check)(wrong)
     assert str(info.value).startswith("Exercise 06.")
     assert capsys.readouterr().out == "", "a failing check prints nothing"
+
+
+def test_a_fix_that_leaves_one_token_decoding_top_left_fails_at_t_1(capsys):
+    """The premise of exercise 06.6: one new token is where the top-left mask is worst."""
+    def fixed_for_chunks_only(q, k, v):
+        T, S = q.shape[-2], k.shape[-2]
+        mask = np.tril(np.ones((T, S), dtype=bool)) if T == 1 else mha_course.causal_mask(T, S)
+        return mha_course.scaled_dot_product_attention(q, k, v, mask=mask)
+
+    with pytest.raises(CheckFailed, match=r"for T=1 new queries over S=5 keys.*ONE new token"):
+        checks.check_chunk_attention(fixed_for_chunks_only)
+
+
+def test_the_top_left_mask_with_one_new_token_attends_to_key_0_only():
+    rng = np.random.default_rng(0)
+    q, k, v = rng.normal(size=(1, 4)), rng.normal(size=(7, 4)), rng.normal(size=(7, 6))
+    out, w = _chunk_top_left(q, k, v)
+    np.testing.assert_array_equal(w, [[1, 0, 0, 0, 0, 0, 0]])
+    np.testing.assert_allclose(out, v[:1])
+
+
+def test_the_streaming_step_rotates_at_cache_positions_not_text_positions():
+    rng = np.random.default_rng(1)
+    q_t, keys, values = (rng.normal(size=(2, 1, 6)), rng.normal(size=(2, 10, 6)),
+                         rng.normal(size=(2, 10, 5)))
+    _, w_cache = _streaming_step(q_t, keys, values, 4, 4)
+    _, w_text = _streaming_step(q_t, keys, values, 4, 4, positions="text")
+    assert w_cache.shape == (2, 1, 8) and not np.allclose(w_cache, w_text)
+    # nothing evicted (n <= n_sink + window): cache positions are the text positions
+    _, w_all = _streaming_step(q_t, keys[:, :6], values[:, :6], 4, 4)
+    _, w_all_text = _streaming_step(q_t, keys[:, :6], values[:, :6], 4, 4, positions="text")
+    np.testing.assert_allclose(w_all, w_all_text)
+
+
+def test_a_streaming_step_that_keeps_a_token_twice_is_told_so():
+    with pytest.raises(CheckFailed, match=r"kept once, not twice"):
+        checks.check_streaming_step(lambda *a: _streaming_step(*a, duplicate=True))
 
 
 def test_leaky_chunk_mask_is_reported_as_a_property():

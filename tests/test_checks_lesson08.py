@@ -76,12 +76,29 @@ def _previous_token_score(weights):
     return np.diagonal(weights, offset=-1, axis1=1, axis2=2).mean(axis=-1)
 
 
+def _sink_grads(q, k, v, b, grad_out, kind="right"):
+    # written apart from mha_course.checks.lesson08.sink_attention_grads: a logit column for b
+    d_k = q.shape[-1]
+    logits = np.concatenate([q @ k.T / math.sqrt(d_k), np.full((len(q), 1), b)], axis=-1)
+    p = mha_course.softmax(logits)  # (T, S + 1): the sink is the last entry of every row
+    values = np.concatenate([v, np.zeros((1, v.shape[1]))])  # the sink's value is 0
+    dp = grad_out @ values.T  # (T, S + 1)
+    dz = p * (dp - np.sum(dp * p, axis=-1, keepdims=True))
+    dq, db = dz[:, :-1] @ k / math.sqrt(d_k), float(dz[:, -1].sum())
+    if kind == "db_sign":
+        db = -db
+    if kind == "db_per_query":
+        db = dz[:, -1]
+    return dq, db
+
+
 CORRECT_08 = {
     "08.1": ("check_softmax_jacobian", _jacobian),
     "08.2": ("check_attention_grads", _attention_grads),
     "08.3": ("check_find_bug", _find_bug),
     "08.4": ("check_adam_step", _adam),
     "08.5": ("check_previous_token_score", _previous_token_score),
+    "08.6": ("check_sink_grads", _sink_grads),
 }
 
 
@@ -166,6 +183,18 @@ MISTAKES = [
      lambda w: np.diagonal(w, offset=1, axis1=1, axis2=2).mean(-1), r"\(key, query\)"),
     ("score-over-heads", "check_previous_token_score",
      lambda w: np.diagonal(w, offset=-1, axis1=1, axis2=2).mean(0), r"averaged over the heads"),
+    ("sink-left-out", "check_sink_grads",
+     lambda q, k, v, b, g: (_attention_grads(q, k, v, g)[0], 0.0), r"plain attention's gradient"),
+    ("sink-weights-renormalised", "check_sink_grads",
+     lambda q, k, v, b, g: (_attention_grads(q, k, v, g)[0], _sink_grads(q, k, v, b, g)[1]),
+     r"whether e\^b was left out or the weights were rescaled"),
+    ("sink-db-sign", "check_sink_grads", lambda *a: _sink_grads(*a, kind="db_sign"),
+     r"your db .* the sign is flipped"),
+    ("sink-db-per-query", "check_sink_grads", lambda *a: _sink_grads(*a, kind="db_per_query"),
+     r"b is one number shared by every query"),
+    ("sink-dq-transposed", "check_sink_grads",
+     lambda q, k, v, b, g: (_sink_grads(q, k, v, b, g)[0].T, _sink_grads(q, k, v, b, g)[1]),
+     r"your dq .* shape"),
 ]
 
 
@@ -184,3 +213,30 @@ def test_a_loose_threshold_misses_only_the_tiny_bug():
     cases = lesson08._bug_cases(np.random.default_rng(803))
     assert [_find_bug(c, threshold=0.1) == want for want, _, c in cases] == [True, True, False]
     assert all(_find_bug(c) == want for want, _, c in cases)
+
+
+@pytest.mark.parametrize("b", [0.5, -1.5, 3.0])
+def test_the_sink_reference_matches_central_differences(b):
+    # Exercise 08.6 has no package reference: the check's own must be right, and agree with
+    # this file's, written another way.
+    rng = np.random.default_rng(86)
+    q, k, v, g = (rng.normal(size=s) for s in ((3, 4), (5, 4), (5, 6), (3, 6)))
+
+    def loss(q_, b_):
+        d_k = q_.shape[-1]
+        e = np.exp(q_ @ k.T / math.sqrt(d_k))
+        return float(np.sum(g * (e / (e.sum(-1, keepdims=True) + math.exp(b_)) @ v)))
+
+    dq, db = lesson08.sink_attention_grads(q, k, v, b, g)
+    eps = 1e-6
+    num_q = np.zeros_like(q)
+    for i in range(q.size):
+        up, down = q.copy(), q.copy()
+        up.flat[i] += eps
+        down.flat[i] -= eps
+        num_q.flat[i] = (loss(up, b) - loss(down, b)) / (2 * eps)
+    np.testing.assert_allclose(dq, num_q, atol=1e-8)
+    assert math.isclose(db, (loss(q, b + eps) - loss(q, b - eps)) / (2 * eps), abs_tol=1e-8)
+    other_dq, other_db = _sink_grads(q, k, v, b, g)
+    np.testing.assert_allclose(dq, other_dq, atol=1e-12)
+    assert math.isclose(db, other_db, abs_tol=1e-12)

@@ -214,6 +214,11 @@ def chunk_without_mask(q, k, v, causal_buffer):
     return _sdpa(q, k, v)
 
 
+def chunk_top_left(q, k, v, causal_buffer):  # the broken version: right only for the first chunk
+    T, S = q.shape[-2], k.shape[-2]
+    return _sdpa(q, k, v, mask=causal_buffer[:T, :S])
+
+
 def chunk_last_row_only(q, k, v, causal_buffer):
     S = k.shape[-2]
     return _sdpa(q, k, v, mask=causal_buffer[S - 1 : S, :S])
@@ -326,6 +331,17 @@ def test_a_fix_that_hides_the_symptom_fails(ex, wrong, prop, likely, capsys):
     if likely:
         assert re.search(rf"Likely mistake: .*{likely}", message), message
     assert capsys.readouterr().out == ""
+
+
+def test_the_chunk_check_tests_one_new_token_explicitly():
+    # Review D2: with True = may attend, the top-left corner gives a single new token key 0 only;
+    # the check says so in the T = 1 case, before any chunk of several tokens.
+    with pytest.raises(CheckFailed) as info:
+        checks.check_chunk_mask(chunk_top_left)
+    message = str(info.value)
+    assert message.startswith(f"Exercise 13.9: property violated: {P.CACHED}. ")
+    assert "for one new token (T = 1) at position 1 over 2 keys" in message, message
+    assert "single-token decoding attends to the first token only" in message, message
 
 
 def test_a_fix_that_calls_the_package_instead_is_refused():

@@ -11,6 +11,7 @@ from PIL import Image
 
 import mha_course
 from mha_course.widgets.explorer import (
+    AUTOSCALE_LABEL,
     FIGSIZE,
     WIDGET_DPI,
     colour_top,
@@ -117,12 +118,38 @@ def test_unknown_init_is_refused_by_name():
 
 
 # ------------------------------------------------------------------- the picture
-def test_colour_scale_tops_at_the_largest_weight_rounded_up():
-    fig, summary = draw_explorer(4, 12)
+def test_colour_scale_is_0_to_1_by_default_in_every_setting():
+    # Review D41: a fixed scale, so a peakier setting looks peakier (lesson 03's promise).
+    for h, d_k in ((1, 48), (4, 12), (16, 3)):
+        fig, summary = draw_explorer(h, d_k)
+        assert summary["autoscale"] is False and summary["colour_top"] == 1.0
+        assert {ax.images[0].get_clim() for ax in _heatmaps(fig)} == {(0.0, 1.0)}
+
+
+def test_autoscale_tops_the_colour_scale_at_the_largest_weight_rounded_up():
+    fig, summary = draw_explorer(4, 12, autoscale=True)
     top = summary["colour_top"]
-    assert top == colour_top(summary["weights"])
+    assert summary["autoscale"] is True and top == colour_top(summary["weights"]) < 1.0
     assert summary["largest_weight"] <= top < summary["largest_weight"] + 0.1 + 1e-9
     assert {ax.images[0].get_clim() for ax in _heatmaps(fig)} == {(0.0, top)}
+    again, fixed = draw_explorer(4, 12, fig=fig)  # and back to 0-1 in the same figure
+    assert fixed["colour_top"] == 1.0
+    assert {ax.images[0].get_clim() for ax in _heatmaps(again)} == {(0.0, 1.0)}
+
+
+def test_the_colorbar_sits_beside_the_grid_and_the_axis_names_beside_the_labels():
+    # Review D41: no detached colorbar, no axis name at the far edge of the figure.
+    for h in (1, 4, 16):
+        fig, _ = draw_explorer(h, 12 if 48 % h else 48 // h)
+        heat = [ax.get_position() for ax in _heatmaps(fig)]
+        right, left = max(b.x1 for b in heat), min(b.x0 for b in heat)
+        bar = fig._heads_state["colorbar"].ax.get_position()
+        W = fig.get_size_inches()[0]
+        assert 0 < (bar.x0 - right) * W < 0.3, (h, (bar.x0 - right) * W)
+        assert np.isclose(bar.y0, min(b.y0 for b in heat)) and np.isclose(
+            bar.y1, max(b.y1 for b in heat))
+        query = next(t for t in fig.texts if t.get_text() == "query (attending)")
+        assert 0 < (left - query.get_position()[0]) * W < 1.0, h
 
 
 @pytest.mark.parametrize("h", [1, 3, 5, 11, 16])
@@ -189,8 +216,9 @@ def test_redrawing_into_a_figure_reuses_its_axes_and_hides_the_spares():
 # ----------------------------------------------------------------------------- the widget
 def _widgets(box):
     controls, image = box.children
-    h, d_k, hold, panel = controls.children
-    return {"h": h, "d_k": d_k}, hold, panel, image
+    h, d_k, hold, autoscale, panel = controls.children
+    assert autoscale.description == AUTOSCALE_LABEL
+    return {"h": h, "d_k": d_k, "autoscale": autoscale}, hold, panel, image
 
 
 def _png_size(image):
@@ -255,6 +283,18 @@ def test_unholding_d_model_lets_the_d_k_slider_change_the_parameter_count():
     assert sliders["d_k"].disabled and sliders["d_k"].value == 48 // 5
     assert "heads drawn: 0" in panel.value
     assert "not divisible by h=5" in panel.value
+
+
+def test_the_autoscale_box_redraws_with_the_colours_stretched_and_back():
+    box = explorer()
+    controls, _, panel, image = _widgets(box)
+    assert not controls["autoscale"].value and "(colour 0–1.0)" in panel.value
+    before = image.value
+    controls["autoscale"].value = True
+    _, summary = draw_explorer(4, 12, autoscale=True)
+    assert f"(colour 0–{summary['colour_top']:.1f})" in panel.value and image.value != before
+    controls["autoscale"].value = False
+    assert "(colour 0–1.0)" in panel.value and image.value == before
 
 
 def test_explorer_redraws_leave_no_pyplot_figures_open():

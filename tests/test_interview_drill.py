@@ -48,7 +48,7 @@ def test_at_least_25_rapid_questions_each_with_a_folded_answer_and_a_link_to_its
     for n, body in questions.items():
         answer = body.split("<details><summary>Answer</summary>", 1)
         assert len(answer) == 2 and "</details>" in answer[1], f"Q{n} has no folded answer"
-        links = re.findall(r"\]\((\d\d)_\w+\.ipynb\)", answer[1])
+        links = re.findall(r"\]\((\d\d)_\w+\.ipynb(?:#[^)]*)?\)", answer[1])  # anchors allowed
         assert links, f"Q{n}'s answer links no lesson"
         for lesson in set(links):
             assert list((ROOT / "notebooks").glob(f"{lesson}_*.ipynb")), f"Q{n}: no lesson {lesson}"

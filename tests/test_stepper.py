@@ -7,6 +7,7 @@ import io
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from PIL import Image
 
 from mha_course import causal_mask, scaled_dot_product_attention, softmax
@@ -101,6 +102,12 @@ def _panels(fig):
     return {ax.get_label(): ax for ax in fig.axes if ax.get_label() in STEPS}
 
 
+def _first_row(ax):
+    """The numbers printed in the first row of a panel's cells (one text per cell)."""
+    n_cols = ax.images[0].get_array().shape[1]
+    return [t.get_text() for t in ax.texts[:n_cols]]
+
+
 @pytest.mark.parametrize("mask", MASKS)
 @pytest.mark.parametrize("scale", [True, False])
 def test_each_panel_shows_its_step_and_the_numbers_in_its_cells(mask, scale):
@@ -110,8 +117,8 @@ def test_each_panel_shows_its_step_and_the_numbers_in_its_cells(mask, scale):
     for step in STEPS:
         shown = panels[step].images[0].get_array()
         np.testing.assert_array_equal(shown.filled(-np.inf), summary[step])
-        first_row = panels[step].texts[0].get_text().split()
-        assert len(first_row) == summary[step].shape[1]
+        first_row = _first_row(panels[step])
+        assert len(first_row) == summary[step].shape[1] and all(first_row)
     assert np.isneginf(summary["masked"]).sum() == summary["masked_cells"]
     assert summary["masked_cells"] == {"none": 0, "causal": T * (T - 1) // 2,
                                        "padding": T * (T - STEPPER_LENGTH)}[mask]
@@ -120,10 +127,25 @@ def test_each_panel_shows_its_step_and_the_numbers_in_its_cells(mask, scale):
 def test_masked_cells_are_grey_and_say_minus_infinity():
     fig, summary = draw_stepper(mask="padding")
     masked = _panels(fig)["masked"]
-    row = masked.texts[0].get_text().split()
+    row = _first_row(masked)
     assert row[STEPPER_LENGTH:] == ["−∞"] * (T - STEPPER_LENGTH)
     grey = masked.images[0].get_cmap().get_bad()
     assert grey[0] == grey[1] == grey[2] != 1.0
+
+
+def test_the_numbers_are_legible_and_fit_their_cells():
+    # Review D42: at notebook width the cell numbers were about 6 pt.
+    fig, _ = draw_stepper(False, 0.25, "causal")  # the widest numbers: "-10", "-2.4", "−∞"
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    for ax in _panels(fig).values():
+        n_cols = ax.images[0].get_array().shape[1]
+        cell_px = ax.get_window_extent(renderer).width / n_cols
+        cells = ax.texts[: n_cols * T]
+        assert min(t.get_fontsize() for t in cells) >= 7.0
+        widest = max(t.get_window_extent(renderer).width for t in cells if t.get_text())
+        assert widest < 0.95 * cell_px, (ax.get_label(), widest, cell_px)
+        labels = ax.texts[n_cols * T:]
+        assert labels and min(t.get_fontsize() for t in labels) >= 8
 
 
 def test_all_panels_share_one_colour_scale():

@@ -8,7 +8,11 @@ Conventions that differ between the two libraries, translated here:
 - Our masks say True = *may attend*. ``nn.MultiheadAttention``'s bool ``attn_mask`` and
   ``key_padding_mask`` say True = *not allowed* / *ignore*, so they get ``~mask``;
   ``F.scaled_dot_product_attention``'s bool ``attn_mask`` says True = allowed, like ours.
-- torch gives NaN for a query with no allowed key (we give 0), so no mask here empties a row.
+- For a query with no allowed key we give 0. torch 2.13's ``F.scaled_dot_product_attention``
+  gives 0 too, ``nn.MultiheadAttention`` gives NaN when it returns the weights (its default)
+  and in inference (``eval()`` under ``no_grad``: its fused fast path) even without them; the
+  parity tests keep every row non-empty, and ``test_a_fully_masked_row_in_torch`` pins what
+  lessons 02 and 13 say about it.
 """
 
 from __future__ import annotations
@@ -170,6 +174,68 @@ def test_layer_built_from_torch_parameters_matches_torch(torch):
     assert max_abs_diff(out, out_t) <= TOL and max_abs_diff(weights, weights_t) <= TOL
 
 
+def test_torch_initialisation_is_what_the_course_says(torch):
+    # Review W5: nn.MultiheadAttention draws Xavier uniform over the stacked (3·d, d)
+    # in_proj_weight (variance 1/(2·d) per entry, the same for q, k and v) and leaves out_proj at
+    # nn.Linear's Kaiming uniform with a = √5 (variance 1/(3·d)); per-matrix Xavier only on the
+    # separate-projection path (kdim, vdim != embed_dim). Lesson 03 §2, lesson 04 §10, the
+    # drill's 13.7 and MultiHeadAttention's docstring say so; the package draws per-matrix Xavier.
+    torch.manual_seed(0)
+    d = 512
+    module = torch.nn.MultiheadAttention(d, 8)
+    in_proj = module.in_proj_weight.detach().numpy()
+    assert in_proj.shape == (3 * d, d)
+    assert np.abs(in_proj).max() <= np.sqrt(6 / (4 * d))  # Xavier's bound for fan 4·d
+    for part in np.split(in_proj, 3):
+        assert np.isclose(part.var() * 2 * d, 1.0, rtol=0.02)
+    assert np.isclose(module.out_proj.weight.detach().numpy().var() * 3 * d, 1.0, rtol=0.02)
+    separate = torch.nn.MultiheadAttention(d, 8, kdim=256, vdim=128)
+    assert separate.in_proj_weight is None
+    for weight, fan_in in ((separate.q_proj_weight, d), (separate.k_proj_weight, 256),
+                           (separate.v_proj_weight, 128)):
+        assert np.isclose(weight.detach().numpy().var() * (d + fan_in) / 2, 1.0, rtol=0.03)
+    ours = MultiHeadAttention(d, 8, rng=0)  # per-matrix Xavier: variance 2 / (d + d) = 1 / d
+    assert np.isclose(ours.W_q.var() * d, 1.0, rtol=0.02)
+    assert np.isclose(ours.W_o.var() * d, 1.0, rtol=0.02)
+
+
+def test_a_fully_masked_row_in_torch(torch, rng):
+    # Review D38: a query with no allowed key. Ours gives 0 (lesson 02 §7); torch 2.13's SDPA
+    # gives 0 as well, nn.MultiheadAttention gives NaN when it also returns the weights (its
+    # default) and in inference (eval() under no_grad: its fused fast path, with biases and an
+    # even h) even with need_weights=False; off the fast path need_weights=False calls SDPA: 0
+    # (plus the output projection's bias).
+    # Lessons 02 and 13 (Q4) say so.
+    q, k, v = sdpa_inputs(rng, (B, H), T, S)
+    mask = np.ones((T, S), dtype=bool)
+    mask[1] = False  # query 1 may attend to nothing
+    out, weights = scaled_dot_product_attention(q, k, v, mask=mask)
+    assert np.all(out[..., 1, :] == 0) and np.all(weights[..., 1, :] == 0)
+    out_t = torch.nn.functional.scaled_dot_product_attention(
+        *(torch.from_numpy(a) for a in (q, k, v)), attn_mask=torch_bool(mask))
+    assert torch.all(out_t[..., 1, :] == 0) and max_abs_diff(out, out_t) <= TOL
+    layer = random_layer(rng, bias=False)
+    module = torch_copy(torch, layer)
+    x = torch.from_numpy(rng.normal(size=(B, T, D_MODEL)))
+    with torch.no_grad():
+        out_m, weights_m = module(x, x, x, attn_mask=torch_bool(~mask[:, :T]))
+        out_fast, _ = module(x, x, x, attn_mask=torch_bool(~mask[:, :T]), need_weights=False)
+    assert torch.isnan(out_m[:, 1]).all() and torch.isnan(weights_m[:, 1]).all()
+    assert not torch.isnan(out_m[:, [0, 2]]).any()
+    assert torch.all(out_fast[:, 1] == 0)
+    assert max_abs_diff(layer(x.numpy(), mask=mask[:, :T])[0], out_fast) <= TOL
+    # inference: eval() under no_grad takes the fused fast path (it needs the biases and an even
+    # number of heads, as nn.MultiheadAttention's defaults have), which gives NaN again
+    fast = torch_copy(torch, random_layer(rng, bias=True))  # in eval mode
+    with torch.no_grad():
+        out_eval, _ = fast(x, x, x, attn_mask=torch_bool(~mask[:, :T]), need_weights=False)
+    assert torch.isnan(out_eval[:, 1]).all() and not torch.isnan(out_eval[:, [0, 2]]).any()
+    fast.train()  # off the fast path, the same call goes through SDPA: 0
+    with torch.no_grad():
+        assert torch.all(fast(x, x, x, attn_mask=torch_bool(~mask[:, :T]),
+                              need_weights=False)[0][:, 1] == fast.out_proj.bias)
+
+
 # ------------------------------------------------------------------ F.scaled_dot_product_attention
 def sdpa_inputs(rng, lead, T_, S_, d_k=6, d_v=7):
     return (rng.normal(size=(*lead, T_, d_k)), rng.normal(size=(*lead, S_, d_k)),
@@ -191,7 +257,7 @@ def test_sdpa_without_mask_matches_torch(torch, rng, lead):
 def test_sdpa_with_boolean_mask_matches_torch(torch, rng, mask_shape):
     q, k, v = sdpa_inputs(rng, (B, H), T, S)
     mask = rng.random(mask_shape) > 0.4
-    mask[..., 0] = True  # no fully masked row (torch gives NaN there)
+    mask[..., 0] = True  # no fully masked row (see test_a_fully_masked_row_in_torch)
     out, _ = scaled_dot_product_attention(q, k, v, mask=mask)
     out_t = torch.nn.functional.scaled_dot_product_attention(
         *(torch.from_numpy(a) for a in (q, k, v)), attn_mask=torch_bool(mask)  # True = allowed
@@ -209,6 +275,24 @@ def test_sdpa_causal_matches_torch_is_causal(torch, rng, lead):
     )
     assert max_abs_diff(out, out_t) <= TOL
     assert np.all(np.triu(weights, 1) == 0)
+
+
+def test_causal_mask_is_torchs_causal_lower_right_not_is_causal(torch, rng):
+    # Lesson 06 §2 and the drill's Q22: for T < S the package aligns bottom-right, as
+    # torch.nn.attention.bias.causal_lower_right does; is_causal=True aligns top-left, where a
+    # single new query sees key 0 only (review D2).
+    from torch.nn.attention.bias import causal_lower_right
+
+    for T_ in (1, 3):
+        q, k, v = sdpa_inputs(rng, (B, H), T_, S)
+        qt, kt, vt = (torch.from_numpy(a) for a in (q, k, v))
+        ours = scaled_dot_product_attention(q, k, v, mask=causal_mask(T_, S))[0]
+        lower_right = torch.nn.functional.scaled_dot_product_attention(
+            qt, kt, vt, attn_mask=causal_lower_right(T_, S))
+        assert max_abs_diff(ours, lower_right) <= TOL
+        top_left = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
+        assert max_abs_diff(ours, top_left) > 1e-3
+    assert max_abs_diff(v[..., :1, :], top_left[..., :1, :]) <= TOL  # T = 3: query 0 sees key 0
 
 
 @given(

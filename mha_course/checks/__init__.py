@@ -48,7 +48,13 @@ from .lesson06 import *  # noqa: F403
 from .lesson07 import *  # noqa: F403
 from .lesson08 import *  # noqa: F403
 from .lesson09 import *  # noqa: F403
+from .lesson10 import *  # noqa: F403
+from .lesson11 import *  # noqa: F403
+from .lesson12 import *  # noqa: F403
 from .lesson13 import *  # noqa: F403
+from .lesson13_block2025 import *  # noqa: F403
 from .lesson13_generation import *  # noqa: F403
+from .lesson13_parallel import *  # noqa: F403
+from .lesson13_serving import *  # noqa: F403
 
 __all__ = ["CheckFailed", *sorted(name for name in dir() if name.startswith("check_"))]

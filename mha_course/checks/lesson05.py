@@ -10,30 +10,32 @@ from __future__ import annotations
 import numpy as np
 
 from .. import (
+    alibi_bias,
+    alibi_slopes,
     apply_rope,
     causal_mask,
-    dropout,
     padding_mask,
     scaled_dot_product_attention,
     sinusoidal_positions,
+    softmax,
 )
+from ..rope_scaling import llama3_frequencies
 from .harness import (
     call,
     compare,
     compare_pair,
     fail,
-    fmt,
     fmt_shape,
     passed,
 )
-from .variants import attention_variant
+from .variants import attention_hint, attention_variant
 
 __all__ = [
-    "check_attention_dropout",
+    "check_alibi_chunk_attention",
     "check_encoder_decoder_masks",
+    "check_llama3_rope_frequencies",
     "check_padded_heads_attention",
     "check_rope_interleaved",
-    "check_rope_score_table",
     "check_sinusoidal_positions",
 ]
 
@@ -129,48 +131,80 @@ def check_rope_interleaved(fn) -> None:
                "mha_course.apply_rope(x, positions, layout='interleaved')")
 
 
-# ------------------------------------------------------- 05.3 scores depend only on the offset
-def check_rope_score_table(fn) -> None:
-    """Exercise 05.3: ``rope_score_table(q, k, P, layout)`` -> (P, P), score[m, n]."""
-    ex = "05.3"
-    rng = np.random.default_rng(503)
-    for d, P, layout in ((6, 5, "half"), (10, 7, "interleaved"), (4, 3, "half")):
-        q, k = rng.normal(size=d), rng.normal(size=d)
-        pos = np.arange(P)
-        qs = apply_rope(np.tile(q, (P, 1)), pos, layout=layout)  # (P, d): q at every m
-        ks = apply_rope(np.tile(k, (P, 1)), pos, layout=layout)  # (P, d): k at every n
-        want = qs @ ks.T
-        got = call(ex, fn, (q, k, P, layout), ("q", "k", "P", "layout"))
+# --------------------------------------------------- 05.3 Llama 3.1's rope_scaling, from its config
+#: Configurations the check probes: Llama 3.1 itself, a 64-wide head with Llama 3.2 1B's factor,
+#: and made-up values whose thresholds all differ (every probe has a different head width).
+LLAMA3_PROBES = (
+    (128, 500000.0, {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+    (64, 500000.0, {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+    (96, 10000.0, {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 2.0,
+                   "high_freq_factor": 8.0, "original_max_position_embeddings": 2048}),
+)
 
-        def toeplitz(arr, P=P):
-            for off in range(-P + 1, P):
-                diag = np.diagonal(arr, off)
-                if np.ptp(diag) > 1e-9:
-                    raise fail(ex, f"your table is not constant along the diagonal n - m = {off}:"
-                                   f" it runs from {fmt(diag.min())} to {fmt(diag.max())}. "
-                                   "Rotate q by its position m and k by its position n, with "
-                                   "the same layout for both")
+
+def _llama3_variant(d, base, cfg, *, speed=2.0, swap=False, blend="smooth", times=False,
+                    compare="wavelength"):
+    """Llama 3.1's rule with one classic slip switched on."""
+    theta = base ** (-speed * np.arange(d // 2) / d)
+    factor, L = cfg["factor"], cfg["original_max_position_embeddings"]
+    low, high = cfg["low_freq_factor"], cfg["high_freq_factor"]
+    if swap:
+        low, high = high, low
+    wavelength = 2 * np.pi / theta if compare == "wavelength" else theta
+    slow = theta * factor if times else theta / factor
+    smooth = (L / wavelength - low) / (high - low)
+    middle = {"smooth": (1 - smooth) * slow + smooth * theta,
+              "reversed": smooth * slow + (1 - smooth) * theta,
+              "keep": theta, "divide": slow}[blend]
+    return np.where(wavelength < L / high, theta, np.where(wavelength > L / low, slow, middle))
+
+
+def check_llama3_rope_frequencies(fn) -> None:
+    """Exercise 05.3: ``llama3_rope_frequencies(d, base, rope_scaling)`` -> (d/2,) frequencies."""
+    ex = "05.3"
+    for d, base, cfg in LLAMA3_PROBES:
+        want = llama3_frequencies(d, base, cfg["factor"], cfg["low_freq_factor"],
+                                  cfg["high_freq_factor"], cfg["original_max_position_embeddings"])
+        got = call(ex, fn, (d, base, dict(cfg)), ("d", "base", "rope_scaling"),
+                   forbid={"mha_course.rope_scaling": "write the rule from the config yourself"})
+        label = (f"your frequencies for d={d}, base={base:g}, factor={cfg['factor']:g}, "
+                 f"low/high_freq_factor={cfg['low_freq_factor']:g}/{cfg['high_freq_factor']:g}, "
+                 f"original_max_position_embeddings={cfg['original_max_position_embeddings']}")
+        theta = base ** (-2.0 * np.arange(d // 2) / d)
+
+        def var(d=d, base=base, cfg=cfg, **kw):
+            return lambda: _llama3_variant(d, base, cfg, **kw)
 
         compare(
-            ex, got, want, f"your table for d={d}, P={P}, layout={layout!r}", "(P, P)",
+            ex, got, want, label, "(d/2,)",
             variants=[
-                ("rows and columns swapped: score[m, n] has the query position m as its row",
-                 lambda w=want: w.T),
-                ("you divided by √d: this table is the raw dot product (R_m q)·(R_n k)",
-                 lambda w=want, d=d: w / np.sqrt(d)),
-                ("only q is rotated: rotate k by its position n too",
-                 lambda qs=qs, k=k, P=P: qs @ np.tile(k, (P, 1)).T),
-                ("you used the other layout: pass layout to apply_rope",
-                 lambda q=q, k=k, pos=pos, lay=layout: (
-                     apply_rope(np.tile(q, (len(pos), 1)), pos,
-                                layout="interleaved" if lay == "half" else "half")
-                     @ apply_rope(np.tile(k, (len(pos), 1)), pos,
-                                  layout="interleaved" if lay == "half" else "half").T)),
+                ("the pairs between the two thresholds are left alone (which is also what "
+                 "swapping low_freq_factor and high_freq_factor gives): pairs whose wavelength is "
+                 "shorter than L / high_freq_factor are left alone, longer than L / "
+                 "low_freq_factor divided by the factor, and the ones between blended with "
+                 "smooth", var(swap=True)),
+                ("the blend is the wrong way round: smooth = 1 at the short-wavelength end means "
+                 "'keep θ', so the middle pairs get (1 - smooth) · θ / factor + smooth · θ",
+                 var(blend="reversed")),
+                ("you multiplied the slow pairs' frequency by the factor; dividing it (as "
+                 "position interpolation does) makes them turn slower, so longer texts stay "
+                 "within the angles training saw", var(times=True)),
+                ("the middle pairs are divided by the factor: between the two thresholds the "
+                 "frequencies are blended with smooth, not divided", var(blend="divide")),
+                ("every pair is divided by the factor: that is position interpolation; Llama "
+                 "3.1 leaves the fast pairs (short wavelengths) alone",
+                 lambda theta=theta, cfg=cfg: theta / cfg["factor"]),
+                ("you compared the frequencies θ with the thresholds; the thresholds are "
+                 "wavelengths, 2π / θ positions", var(compare="frequency")),
+                ("RoPE's frequencies are base**(-2j/d), with the pair index j; yours use "
+                 "base**(-j/d)", var(speed=1.0)),
             ],
-            props=[toeplitz],
+            shape_hints={(d,): "one frequency per PAIR of features: return d/2 values, not d"},
         )
-    passed(ex, "score tables for d = 6, 10, 4 and P = 5, 7, 3 in both layouts match, and each is "
-               "constant along its diagonals: the score depends only on n - m")
+    passed(ex, "Llama 3.1's rope_scaling (d=128) and two other configs (d=64, d=96) match "
+               "mha_course.rope_scaling.llama3_frequencies")
 
 
 # ---------------------------------------------------------- 05.4 the masks of an encoder-decoder
@@ -271,37 +305,66 @@ def check_padded_heads_attention(fn) -> None:
                "no head of any sequence attends to padding")
 
 
-# ------------------------------------------------------------------------- 05.6 dropout
-def check_attention_dropout(fn) -> None:
-    """Exercise 05.6: ``attention_dropout(weights, p, seed, training)`` -> inverted dropout."""
+# ----------------------------------------------- 05.6 ALiBi for a chunk of new tokens over a cache
+def _alibi_variant(q, k, v, *, top_left=False, mask="bottom-right", sign=1.0, reverse=False,
+                   first_slope_one=False, scale="sqrt", bias_scaled=False):
+    """ALiBi attention for T new queries over S keys, with one classic slip switched on."""
+    h, T, S, d_k = q.shape[-3], q.shape[-2], k.shape[-2], q.shape[-1]
+    slopes = alibi_slopes(h)
+    if first_slope_one:
+        slopes = 2.0 ** (-8 * np.arange(h) / h)
+    if reverse:
+        slopes = slopes[::-1]
+    t_pos = np.arange(T)[:, None] + (0 if top_left else S - T)  # (T, 1): the queries' positions
+    bias = -sign * slopes[:, None, None] * (t_pos - np.arange(S)[None, :])  # (h, T, S)
+    scores = q @ np.swapaxes(k, -1, -2)
+    if bias_scaled:
+        scores = (scores + bias) / np.sqrt(d_k)
+    else:
+        scores = {"sqrt": scores / np.sqrt(d_k), "none": scores}[scale] + bias
+    m = {"bottom-right": causal_mask(T, S), "top-left": np.tril(np.ones((T, S), dtype=bool)),
+         "none": None}[mask]
+    weights = softmax(scores, mask=m)
+    return weights @ v, weights
+
+
+def check_alibi_chunk_attention(fn) -> None:
+    """Exercise 05.6: ``alibi_chunk_attention(q, k, v)``: T new queries over S keys, ALiBi."""
     ex = "05.6"
     rng = np.random.default_rng(506)
-    probes = [(rng.random((2, 3, 4, 5)), 0.1, 11, True), (rng.random((3, 6)), 0.3, 12, True),
-              (rng.random((2, 4, 4)), 0.25, 13, False), (rng.random((4, 7)), 0.5, 14, True)]
-    forbid = {"mha_course.dropout": "write the dropout yourself"}
-    for w, p, seed, training in probes:
-        want = dropout(w, p, rng=seed, training=training)
-        keep = np.random.default_rng(seed).random(w.shape) >= p
-        got = call(ex, fn, (w, p, seed, training), ("weights", "p", "seed", "training"),
-                   forbid=forbid)
-        label = f"for weights {fmt_shape(w.shape)}, p={p}, training={training}"
-        compare(
-            ex, got, want, f"your dropped weights {label}", "the shape of weights",
-            variants=[
-                ("you scaled the survivors by 1/p; it is 1/(1-p), so that each weight keeps its "
-                 "expected value (the two agree only at p = 0.5, the book example behind "
-                 "rasbt/LLMs-from-scratch#431)",
-                 lambda w=w, keep=keep, p=p: np.where(keep, w / p, 0.0)),
-                ("the survivors are not scaled: multiply them by 1/(1-p), or the expected weight "
-                 "shrinks to (1-p)·w", lambda w=w, keep=keep: np.where(keep, w, 0.0)),
-                ("you kept each weight with probability p; p is the probability of DROPPING it: "
-                 "keep where rng.random(shape) >= p",
-                 lambda w=w, keep=keep, p=p: np.where(~keep, w / (1 - p), 0.0)),
-                ("in evaluation (training=False) dropout does nothing: return the weights "
-                 "unchanged", lambda w=w, keep=keep, p=p: np.where(keep, w / (1 - p), 0.0)),
-                ("in evaluation (training=False) dropout does nothing, not even the scaling",
-                 lambda w=w, p=p: w / (1 - p)),
-            ],
-        )
-    passed(ex, "four probes (p = 0.1, 0.3, 0.5 in training, 0.25 in evaluation) match "
-               "mha_course.dropout with the same seed")
+    for lead, h, T, S in (((), 8, 3, 7), ((2,), 4, 1, 5), ((), 6, 4, 4), ((2,), 2, 2, 9)):
+        d_k, d_v = 4, 5
+        q = rng.normal(size=(*lead, h, T, d_k))
+        k, v = rng.normal(size=(*lead, h, S, d_k)), rng.normal(size=(*lead, h, S, d_v))
+        scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(d_k) + alibi_bias(h, T, S)
+        want_w = softmax(scores, mask=causal_mask(T, S))
+        want_out = want_w @ v
+        got = call(ex, fn, (q, k, v), ("q", "k", "v"), hint=attention_hint,
+                   forbid={"mha_course.alibi_bias": "build ALiBi's bias yourself"})
+
+        def var(q=q, k=k, v=v, **kw):
+            return lambda: _alibi_variant(q, k, v, **kw)
+
+        variants = [
+            ("the causal mask is aligned top-left (np.tril of a (T, S) block, or positions "
+             "counted from the chunk's start): the new queries are the LAST T of the S "
+             "positions, so query t may see keys s <= S - T + t (mha_course.causal_mask(T, S))",
+             var(mask="top-left")),
+            ("the bias has the wrong sign: ALiBi SUBTRACTS m_i · distance, so far keys lose "
+             "weight", var(sign=-1.0)),
+            ("the slopes go the wrong way round: head 0 has the steepest slope, 2**(-8/h)",
+             var(reverse=True)),
+            ("the slopes start at 2**0 = 1; ALiBi's are 2**(-8/h), 2**(-16/h), ..., 2**(-8) "
+             "(mha_course.alibi_slopes(h))", var(first_slope_one=True)),
+            ("no causal mask: a new query sees the chunk's later tokens, its future",
+             var(mask="none")),
+            ("the bias was added before dividing by √d_k: scale q·k only, then add the bias",
+             var(bias_scaled=True)),
+            ("the scores are not divided by √d_k", var(scale="none")),
+        ]
+        compare_pair(ex, got, want_out, want_w,
+                     f"for h={h}, T={T} new queries over S={S} keys", variants,
+                     mask=causal_mask(T, S))
+    passed(ex, "chunks (h, T, S) = (8, 3, 7), (4, 1, 5), (6, 4, 4), (2, 2, 9), with and without a "
+               "batch axis, match scores + mha_course.alibi_bias(h, T, S) under "
+               "causal_mask(T, S)")

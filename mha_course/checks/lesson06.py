@@ -3,9 +3,9 @@
 The lesson is ``notebooks/06_decoding.ipynb``; each ``check_*`` is called by an exercise's check
 cell (see :mod:`mha_course.checks`). The references are computed at check time by the package:
 :func:`~mha_course.kv_cache_bytes` on the config's fields, the layer's causal forward,
-:func:`~mha_course.heads.group_heads`' grouping, :func:`~mha_course.sliding_window_mask`,
-:func:`~mha_course.scaled_dot_product_attention` on the rebuilt MLA keys and values, and
-:func:`~mha_course.causal_mask` for a chunk over a longer cache.
+:func:`~mha_course.heads.group_heads`' grouping, :func:`~mha_course.apply_rope` at StreamingLLM's
+positions within the cache, :func:`~mha_course.scaled_dot_product_attention` on the rebuilt MLA
+keys and values, and :func:`~mha_course.causal_mask` for a chunk over a longer cache.
 """
 
 from __future__ import annotations
@@ -17,14 +17,15 @@ import numpy as np
 
 from .. import (
     MultiHeadAttention,
+    apply_rope,
     causal_mask,
     kv_cache_bytes,
     scaled_dot_product_attention,
-    sliding_window_mask,
+    softmax,
 )
 from ..heads import kv_for_groups, ungroup_heads
 from ..model_configs import head_dim
-from .harness import call, compare, compare_pair, fail, fmt_shape, passed
+from .harness import call, compare, compare_pair, fail, fmt_shape, pair, passed
 from .variants import attention_hint
 
 __all__ = [
@@ -33,7 +34,7 @@ __all__ = [
     "check_chunk_attention",
     "check_decode_with_cache",
     "check_repeat_kv",
-    "check_sliding_window_mask",
+    "check_streaming_step",
 ]
 
 
@@ -180,62 +181,109 @@ def check_repeat_kv(fn) -> None:
     passed(ex, "query head i reads K/V head i // n_rep for (g, n_rep) = (2, 3), (3, 2), (1, 4)")
 
 
-# --------------------------------------------------------------- 06.4 the sliding-window mask
-def check_sliding_window_mask(fn) -> None:
-    """Exercise 06.4: ``sliding_window_mask(T, window, S=None)``: bool (T, S), bottom-right."""
+# ---------------------------------------------------------- 06.4 one StreamingLLM decoding step
+def streaming_kept(n: int, n_sink: int, window: int) -> np.ndarray:
+    """Indices StreamingLLM keeps of a stream of ``n`` tokens: the first ``n_sink`` and the last
+    ``window`` (the newest included), each once, in order."""
+    return np.array(sorted(set(range(min(n_sink, n))) | set(range(max(0, n - window), n))))
+
+
+def _streaming_variant(q_t, keys, values, n_sink, window, *, positions="cache", sinks=True,
+                       query_at="last", layout="half", extra=0, rotate_query=True):
+    """One StreamingLLM step with one classic slip switched on."""
+    n = keys.shape[-2]
+    kept = streaming_kept(n, n_sink if sinks else 0, window + extra)
+    pos = np.arange(len(kept)) if positions == "cache" else kept
+    k = apply_rope(keys[..., kept, :], pos, layout=layout)
+    q_pos = {"last": pos[-1], "past": len(kept), "zero": 0}[query_at]
+    q = apply_rope(q_t, np.array([q_pos]), layout=layout) if rotate_query else q_t
+    return scaled_dot_product_attention(q, k, values[..., kept, :])
+
+
+def check_streaming_step(fn) -> None:
+    """Exercise 06.4: ``streaming_step(q_t, keys, values, n_sink, window)`` -> (out, weights)."""
     ex = "06.4"
-    for T, window, S in ((6, 3, None), (3, 2, 7), (5, 1, None), (4, 10, 6)):
-        want = sliding_window_mask(T, window, S)
-        S_ = T if S is None else S
-        t = np.arange(T)[:, None]
-        s = np.arange(S_)[None, :]
-        p = t + S_ - T
-        got = call(ex, fn, (T, window) if S is None else (T, window, S),
-                   ("T", "window") if S is None else ("T", "window", "S"),
-                   forbid={"mha_course.sliding_window_mask": "build the mask yourself"})
-        compare(
-           ex, got, want, f"your mask for T={T}, window={window}, S={S_}", "(T, S)",
-           variants=[(message, lambda m=m: m) for message, m in (
-               ("the band is aligned top-left (query t at position t); with S > T the queries "
-                "are the LAST T positions: query t sits at p = S - T + t",
-                (s <= t) & (s > t - window)),
-               ("one key too many: a query sees `window` keys, itself included, so "
-                "p - window < s <= p (not p - window <= s)", (s <= p) & (s >= p - window)),
-               ("one key too few: the window includes the query itself: p - window < s <= p",
-                (s <= p) & (s > p - window + 1)),
-               ("the future is visible: the window ends at the query (s <= p); it is a causal "
-                "mask with the old keys removed", np.abs(s - p) < window),
-               ("no window: this is the causal mask; also drop the keys older than "
-                "p - window + 1", s <= p),
-           )],
-        )
-    passed(ex, "(T, window, S) = (6, 3, 6), (3, 2, 7), (5, 1, 5), (4, 10, 6) match "
-               "mha_course.sliding_window_mask")
+    rng = np.random.default_rng(604)
+    probes = (((), 2, 10, 4, 4, 6, 5), ((2,), 3, 12, 1, 5, 4, 3), ((), 2, 6, 4, 4, 8, 6),
+              ((), 1, 20, 2, 3, 4, 7), ((2,), 2, 1, 4, 4, 6, 4))
+    for lead, h, n, n_sink, window, d_k, d_v in probes:
+        q_t = rng.normal(size=(*lead, h, 1, d_k))
+        keys, values = rng.normal(size=(*lead, h, n, d_k)), rng.normal(size=(*lead, h, n, d_v))
+        kept = streaming_kept(n, n_sink, window)
+        want_out, want_w = _streaming_variant(q_t, keys, values, n_sink, window)
+        got = call(ex, fn, (q_t, keys, values, n_sink, window),
+                   ("q_t", "keys", "values", "n_sink", "window"), hint=attention_hint)
+
+        def var(q_t=q_t, keys=keys, values=values, n_sink=n_sink, window=window, **kw):
+            return lambda: _streaming_variant(q_t, keys, values, n_sink, window, **kw)
+
+        variants = [
+            ("you rotated the kept keys at their positions in the TEXT; StreamingLLM gives them "
+             "their positions in the cache, 0, 1, 2, ... (and the query the last one), so that "
+             "the distances RoPE sees stay within the cache", var(positions="text")),
+            ("the query is rotated one position too far: the new token is the last of the kept "
+             "ones, at cache position n_kept - 1", var(query_at="past")),
+            ("the query was rotated at position 0: it is the newest token, at the last cache "
+             "position", var(query_at="zero")),
+            ("the query was not rotated: rotate it too, at its position in the cache",
+             var(rotate_query=False)),
+            ("you used the interleaved layout; this exercise uses apply_rope's default, the "
+             "half-split layout", var(layout="interleaved")),
+        ]
+        n_kept = len(kept)
+        wrong_counts = {  # how many tokens a classic slip keeps -> the slip
+            len(streaming_kept(n, 0, window)): "you kept only the window: StreamingLLM also keeps "
+                                               "the first n_sink tokens, its attention sinks",
+            len(streaming_kept(n, n_sink, window + 1)): "you kept window + 1 tokens at the end: "
+                                                        "the window of `window` tokens includes "
+                                                        "the new one",
+            min(n_sink, n) + min(window, n): "a token that is both a sink and in the window is "
+                                             "kept once, not twice",
+        }
+        wrong_counts.pop(n_kept, None)
+        pair(ex, got)
+        shape = np.shape(got[1])
+        if len(shape) == len(lead) + 3 and shape[-1] in wrong_counts:
+            raise fail(ex, f"your weights for n={n}, n_sink={n_sink}, window={window} have "
+                           f"shape {fmt_shape(shape)}; expected (..., h, 1, n_kept) = "
+                           f"{fmt_shape((*lead, h, 1, n_kept))}. Likely mistake: "
+                           f"{wrong_counts[shape[-1]]}")
+        compare_pair(ex, got, want_out, want_w,
+                     f"for n={n} tokens, n_sink={n_sink}, window={window} (kept "
+                     f"{kept.tolist()})", variants)
+    passed(ex, "five streams (n = 10, 12, 6, 20 and 1 tokens; sinks and windows of several sizes, "
+               "with and without a batch axis) match attention over the kept tokens rotated at "
+               "their positions in the cache")
 
 
 # ------------------------------------------------------------------ 06.5 MLA absorption, one head
 def check_absorbed_head(fn) -> None:
-    """Exercise 06.5: ``absorbed_head(q_nope, q_rope, c, k_rope, W_uk, W_uv)`` -> (out, weights)."""
+    """Exercise 06.5: ``absorbed_head(q_nope, q_rope, c, k_rope, W_uk, W_uv)`` -> (out, weights):
+    T new queries, the last T of S cached positions, bottom-right causal."""
     ex = "06.5"
     rng = np.random.default_rng(605)
-    for T, S, d_c, d_k, d_v, d_rope in ((3, 5, 12, 4, 6, 2), (2, 6, 9, 5, 3, 4)):
+    for T, S, d_c, d_k, d_v, d_rope in ((3, 5, 12, 4, 6, 2), (2, 6, 9, 5, 3, 4),
+                                         (1, 7, 10, 3, 4, 2)):
         q_nope, q_rope = rng.normal(size=(T, d_k)), rng.normal(size=(T, d_rope))
         c, k_rope = rng.normal(size=(S, d_c)), rng.normal(size=(S, d_rope))
         W_uk = rng.normal(size=(d_c, d_k)) / math.sqrt(d_c)
         W_uv = rng.normal(size=(d_c, d_v)) / math.sqrt(d_c)
         # the naive head: rebuild the keys and values, then attend (scale 1/√(d_k + d_rope))
+        mask = causal_mask(T, S)  # the T new queries are the last T of the S positions
         want_out, want_w = scaled_dot_product_attention(
             np.concatenate([q_nope, q_rope], -1), np.concatenate([c @ W_uk, k_rope], -1),
-            c @ W_uv)
+            c @ W_uv, mask=mask)
 
         latent = (q_nope @ W_uk.T) @ c.T  # (T, d_c) @ (d_c, S): the absorbed scores
         rope_part = q_rope @ k_rope.T
 
-        def with_scale(scale, rope=True, latent=latent, rope_part=rope_part, c=c, W_uv=W_uv):
+        def with_scale(scale, rope=True, m="bottom-right", latent=latent, rope_part=rope_part,
+                       c=c, W_uv=W_uv, T=T, S=S):
             def make():
                 scores = (latent + (rope_part if rope else 0.0)) / scale
-                w = np.exp(scores - scores.max(-1, keepdims=True))
-                w = w / w.sum(-1, keepdims=True)
+                keep = {"bottom-right": causal_mask(T, S), "none": None,
+                        "top-left": np.tril(np.ones((T, S), dtype=bool))}[m]
+                w = softmax(scores, mask=keep)
                 return (w @ c) @ W_uv, w
             return make
 
@@ -247,14 +295,19 @@ def check_absorbed_head(fn) -> None:
              "(position-free part and RoPE part)", with_scale(math.sqrt(d_k))),
             ("the RoPE part is missing: add q_rope @ k_rope.T to the latent scores",
              with_scale(math.sqrt(d_k + d_rope), rope=False)),
+            ("no causal mask: a query of the chunk sees the chunk's later tokens",
+             with_scale(math.sqrt(d_k + d_rope), m="none")),
+            ("the causal mask is aligned top-left (np.tril of a (T, S) block): the new queries "
+             "are the LAST T of the S cached positions, mha_course.causal_mask(T, S)",
+             with_scale(math.sqrt(d_k + d_rope), m="top-left")),
         ]
         args = (q_nope, q_rope, c, k_rope, W_uk, W_uv)
         names = ("q_nope", "q_rope", "c", "k_rope", "W_uk", "W_uv")
         got = call(ex, fn, args, names, hint=_absorb_hint)
         compare_pair(ex, got, want_out, want_w, f"for T={T}, S={S}, d_c={d_c}, d_k={d_k}",
-                     variants)
-    passed(ex, "two heads (d_c=12, d_k=4, d_rope=2 and d_c=9, d_k=5, d_rope=4): the absorbed "
-               "head equals the naive one")
+                     variants, mask=mask)
+    passed(ex, "three heads (d_c = 12, 9, 10; chunks of T = 3, 2, 1 over S = 5, 6, 7 cached): the "
+               "absorbed head equals the naive one under the bottom-right causal mask")
 
 
 def _absorb_hint(exc):
@@ -266,19 +319,26 @@ def _absorb_hint(exc):
 
 # ------------------------------------------------------- 06.6 a chunk of new tokens over a cache
 def check_chunk_attention(fn) -> None:
-    """Exercise 06.6: ``chunk_attention(q, k, v)``: T new queries over S >= T cached keys."""
+    """Exercise 06.6: ``chunk_attention(q, k, v)``: T new queries over S >= T cached keys; one
+    new token (T = 1) is tested first, where the top-left mask is worst."""
     ex = "06.6"
     rng = np.random.default_rng(606)
-    for lead, T, S in (((2,), 3, 7), ((), 1, 5), ((2, 2), 4, 4), ((), 2, 9)):
+    for lead, T, S in (((), 1, 5), ((2,), 3, 7), ((2, 2), 4, 4), ((), 2, 9)):
         q = rng.normal(size=(*lead, T, 4))
         k, v = rng.normal(size=(*lead, S, 4)), rng.normal(size=(*lead, S, 6))
         mask = causal_mask(T, S)
         want_out, want_w = scaled_dot_product_attention(q, k, v, mask=mask)
         top_left = np.tril(np.ones((T, S), dtype=bool))
+        top_left_message = (
+            "with ONE new token (T = 1) your weights put everything on key 0: the top-left mask "
+            "np.tril(np.ones((1, S))) (torch's is_causal=True) lets the new token see key 0 "
+            "only. The new queries are the LAST T of S positions: query t may see keys "
+            "s <= S - T + t (mha_course.causal_mask(T, S))" if T == 1 else
+            "the mask is aligned top-left (np.tril of a (T, S) block, like torch's "
+            "is_causal=True), so query t sees only keys 0..t. The new queries are the LAST T of "
+            "S positions: query t may see keys s <= S - T + t (mha_course.causal_mask(T, S))")
         variants = [
-            ("the mask is aligned top-left (np.tril of a (T, S) block, like torch's "
-             "is_causal=True), so query t sees only keys 0..t. The new queries are the LAST T of "
-             "S positions: query t may see keys s <= S - T + t (mha_course.causal_mask(T, S))",
+            (top_left_message,
              lambda q=q, k=k, v=v, m=top_left: scaled_dot_product_attention(q, k, v, mask=m)),
             ("no mask: a query of the chunk sees the chunk's later tokens, its future",
              lambda q=q, k=k, v=v: scaled_dot_product_attention(q, k, v)),
@@ -289,5 +349,5 @@ def check_chunk_attention(fn) -> None:
         got = call(ex, fn, (q, k, v), ("q", "k", "v"), hint=attention_hint)
         compare_pair(ex, got, want_out, want_w, f"for T={T} new queries over S={S} keys",
                      variants, mask=mask)
-    passed(ex, "chunks (T, S) = (3, 7), (1, 5), (4, 4), (2, 9) match attention with "
-               "mha_course.causal_mask(T, S), the bottom-right mask")
+    passed(ex, "one new token (T, S) = (1, 5), then chunks (3, 7), (4, 4), (2, 9) match attention "
+               "with mha_course.causal_mask(T, S), the bottom-right mask")

@@ -4,7 +4,9 @@ The lesson is ``notebooks/08_learning.ipynb``; each ``check_*`` is called by an 
 cell (see :mod:`mha_course.checks`). The references come from the package at check time:
 :func:`mha_course.backward.softmax_jacobian`, :func:`mha_course.backward.attention_backward`,
 :func:`mha_course.gradient_check`, :func:`mha_course.models.train.adam_step` and
-:func:`mha_course.models.specialisation.pattern_score`.
+:func:`mha_course.models.specialisation.pattern_score`; exercise 08.6's (a head with a learned
+sink logit, which the package does not have) is :func:`sink_attention_grads` below, which
+``tests/test_checks_lesson08.py`` checks against central differences.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ __all__ = [
     "check_attention_grads",
     "check_find_bug",
     "check_previous_token_score",
+    "check_sink_grads",
     "check_softmax_jacobian",
 ]
 
@@ -338,3 +341,66 @@ def check_previous_token_score(fn) -> None:
     passed(ex, "previous-token scores match mha_course.models.specialisation.pattern_score for "
                "random weights (2, 5, 5) and (3, 7, 7), and are exactly 1 and 0 for a "
                "previous-token head and a diagonal head")
+
+
+# ---------------------------------------------------------------------------------- 08.6
+def sink_attention_grads(q, k, v, b, grad_out, kind="right"):
+    """(dq, db) of one head with a learned sink logit ``b`` (gpt-oss, lesson 06 §8).
+
+    weights = the first S entries of softmax([q kᵀ/√d_k, b]) row by row, out = weights @ v (the
+    sink has no value); L with dL/dout = ``grad_out``. ``kind`` gives the known wrong versions
+    the check names: ``"no_sink"`` (plain attention: the sink left out, or the weights rescaled
+    to sum to 1 over the keys, which is the same), ``"db_sign"``, ``"db_per_query"`` (not
+    summed over the queries).
+    """
+    d_k = q.shape[-1]
+    scores = q @ k.T / math.sqrt(d_k)  # (T, S)
+    m = np.maximum(scores.max(axis=-1), b if kind != "no_sink" else -np.inf)  # (T,)
+    e = np.exp(scores - m[:, None])  # (T, S)
+    e_sink = np.exp(b - m) if kind != "no_sink" else np.zeros(len(q))  # (T,)
+    total = e.sum(axis=-1) + e_sink
+    p, p_sink = e / total[:, None], e_sink / total  # (T, S), (T,): [p, p_sink] rows sum to 1
+    D = np.sum(grad_out * (p @ v), axis=-1)  # (T,): Σ_s p·dp = dO_t · out_t, as in §2.5
+    dscores = p * (grad_out @ v.T - D[:, None])  # the sink's own dp is 0: it has no value
+    db = -p_sink * D  # (T,): the sink's score, through the same Jacobian
+    db = {"db_sign": -db.sum(), "db_per_query": db}.get(kind, db.sum())
+    return dscores @ k / math.sqrt(d_k), db
+
+
+def check_sink_grads(fn) -> None:
+    """Exercise 08.6: ``sink_attention_grads(q, k, v, b, grad_out) -> (dq, db)``."""
+    ex = "08.6"
+    rng = np.random.default_rng(806)
+    for T, S, d_k, d_v, b in ((3, 5, 4, 6, 0.5), (4, 2, 7, 3, -1.5), (2, 6, 3, 4, 3.0)):
+        q, k = rng.normal(size=(T, d_k)), rng.normal(size=(S, d_k))
+        v, grad_out = rng.normal(size=(S, d_v)), rng.normal(size=(T, d_v))
+        want_dq, want_db = sink_attention_grads(q, k, v, b, grad_out)
+        got = call(ex, fn, (q.copy(), k.copy(), v.copy(), b, grad_out.copy()),
+                   ("q", "k", "v", "b", "grad_out"))
+        if not isinstance(got, tuple) or len(got) != 2:
+            raise fail(ex, f"your function returned {type(got).__name__}; expected a tuple "
+                           "(dq, db)")
+        label = f"for T={T}, S={S}, d_k={d_k}, d_v={d_v}, b={b}"
+
+        def var(kind, i, q=q, k=k, v=v, b=b, grad_out=grad_out):
+            return lambda: sink_attention_grads(q, k, v, b, grad_out, kind)[i]
+
+        no_sink = ("that is plain attention's gradient (weights that sum to 1 over the keys, "
+                   "whether e^b was left out or the weights were rescaled): the sink's e^b "
+                   "belongs in every row's denominator, so the weights on the keys sum to "
+                   "1 − p_sink")
+        compare(ex, got[0], want_dq, f"your dq {label}", "(T, d_k)",
+                variants=[(no_sink, var("no_sink", 0))],
+                shape_hints={(S, d_k): "dq has one row per query: dscores @ k / √d_k, "
+                                       "(T, S) @ (S, d_k)"})
+        compare(ex, got[1], want_db, f"your db {label}", "a number",
+                variants=[("the sign is flipped: raising b moves weight to the sink, which "
+                           "carries nothing, so db_t = p_sink,t · (0 − D_t)",
+                           var("db_sign", 1)),
+                          (no_sink, var("no_sink", 1))],
+                shape_hints={(T,): "b is one number shared by every query of the head: sum "
+                                   "the T queries' contributions", (1,): "return db as a "
+                                                                        "number, not an array"})
+    passed(ex, "dq and db match the reference for (T, S, d_k, d_v) = (3, 5, 4, 6), "
+               "(4, 2, 7, 3) and (2, 6, 3, 4), with b = 0.5, −1.5 and 3.0 (a sink that takes "
+               "most of the weight)")

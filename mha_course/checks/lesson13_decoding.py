@@ -43,9 +43,31 @@ def no_layer(task: str) -> dict[str, str]:
 
 # --------------------------------------------------- 13.9 a chunk over a cache: which corner
 def check_chunk_mask(fn) -> None:
-    """Exercise 13.9: ``attend_chunk(q, k, v, causal_buffer)``: T new queries over S keys."""
+    """Exercise 13.9: ``attend_chunk(q, k, v, causal_buffer)``: T new queries over S keys.
+
+    First one token at a time (T = 1 over S = 1, 2, ...: decoding), then chunks of several tokens
+    over a cache, each time against one causal forward pass without a cache.
+    """
     ex, rng = "13.9", np.random.default_rng(909)
     buffer = np.tril(np.ones((16, 16), dtype=bool))  # precomputed once, like nanoGPT's `bias`
+    for lead, n, d_k, d_v in (((2,), 6, 4, 3), ((), 5, 3, 5)):  # decoding: T = 1, explicitly
+        q, k, v = (rng.normal(size=(*lead, n, d)) for d in (d_k, d_k, d_v))
+        want_out, want_w = sdpa(q, k, v, mask=causal_mask(n))
+        for S in range(1, n + 1):
+            label = f"for one new token (T = 1) at position {S - 1} over {S} keys"
+            args = (q[..., S - 1 : S, :], k[..., :S, :], v[..., :S, :], buffer)
+            got = call(ex, fn, args, ("q", "k", "v", "causal_buffer"), hint=attention_hint)
+            out, w = pair(ex, got)
+            out = array(ex, out, (*lead, 1, d_v), f"your output {label}", "(..., T, d_v)")
+            w = array(ex, w, (*lead, 1, S), f"your weights {label}", "(..., T, S)")
+            blind = np.argwhere(w == 0)
+            only_first = (", and all of its weight to key 0: single-token decoding attends to "
+                          "the first token only") if S > 1 and np.all(w[..., 0] == 1) else ""
+            require(ex, P.CACHED, len(blind) and f"{label}: it gives key {blind[0][-1]}, which "
+                    f"it may attend to, weight 0{only_first}, so decoding differs from the full "
+                    "causal forward")
+            compare(ex, out, want_out[..., S - 1 : S, :], f"your output {label}", "(..., T, d_v)")
+            compare(ex, w, want_w[..., S - 1 : S, :S], f"your weights {label}", "(..., T, S)")
     for lead, n, chunks, d_k, d_v in (((2,), 8, (3, 1, 4), 4, 3), ((), 7, (2, 5), 3, 5)):
         q, k, v = (rng.normal(size=(*lead, n, d)) for d in (d_k, d_k, d_v))
         want_out, want_w = sdpa(q, k, v, mask=causal_mask(n))  # one causal forward, no cache
@@ -73,7 +95,8 @@ def check_chunk_mask(fn) -> None:
             compare(ex, out, want_out[..., start:S, :], f"your output {label}", "(..., T, d_v)")
             compare(ex, w, want_w[..., start:S, :S], f"your weights {label}", "(..., T, S)")
             start = S
-    passed(ex, "chunks of 3, 1, 4 and 2, 5 new tokens over a cache equal one causal forward")
+    passed(ex, "one token at a time (T = 1) and chunks of 3, 1, 4 and 2, 5 new tokens over a "
+               "cache equal one causal forward")
 
 
 # ------------------------------------------------- 13.10 a cache that outlives its prompt
@@ -227,7 +250,8 @@ def _rope(ex, fn, layer, x, positions):
                  lambda: reference(positions * 0))])
     other = "half" if layer.rope == "interleaved" else "interleaved"
     wrong = [(f"you rotated in the {other!r} layout; weights trained with one layout give wrong "
-              "scores in the other (huggingface/transformers#25199): use layout=layer.rope",
+              "scores in the other (the FAQ thread huggingface/transformers#25199 explains the "
+              "permutation between them): use layout=layer.rope",
               lambda: reference(positions, other))]
     want = reference(positions)
     require(ex, P.REFERENCE, not close(out, want) and f"{label}: {P.moved_text(want, out)} "

@@ -17,10 +17,16 @@ Three layers, so each can be tested on its own:
 ``1 / d_model`` (fan-in, "LeCun normal") and ``W_o`` with variance ``1 / (h·d_v)``. On token
 vectors of unit variance each query and key entry then has variance 1 whatever ``h`` and
 ``d_k`` are, so ``q·k / √d_k`` has variance 1 (lesson 03, §4): the sliders change the number and
-the width of the heads, not how peaked they are. The package's default (Xavier, as PyTorch) has
-variance ``2 / (d_model + h·d_k)``, which shrinks as ``h·d_k`` grows and washes every head out to
-near-uniform weights when ``d_k`` is raised without holding ``d_model`` (``init="xavier"`` shows
-it).
+the width of the heads, not how peaked they are. The package's default (Xavier uniform on each
+matrix; PyTorch's ``nn.MultiheadAttention`` draws Xavier over its stacked ``in_proj_weight``
+instead, lesson 04 §10) has variance ``2 / (d_model + h·d_k)`` for ``W_q``, which shrinks as
+``h·d_k`` grows and washes every head out to near-uniform weights when ``d_k`` is raised without
+holding ``d_model`` (``init="xavier"`` shows it).
+
+**The colour scale** runs from 0 to 1 by default, the same in every setting (and in every heatmap
+of lesson 03), so a peakier setting looks peakier; ``autoscale=True`` (the widget's "autoscale
+colours" box) stretches it to the largest weight rounded up to a tenth, to see the detail of flat
+heads.
 
 The figures are :class:`matplotlib.figure.Figure` objects that pyplot does not track, so a
 redraw never leaves an open figure behind (memory stays flat while the sliders move).
@@ -51,6 +57,8 @@ FIGSIZE = (6.3, 4.7)
 CONTROLS_WIDTH = 260
 #: The initialisations :func:`draw_explorer` knows.
 INITS = ("fan_in", "xavier")
+#: The widget's checkbox that stretches the colour scale to the largest weight.
+AUTOSCALE_LABEL = "autoscale colours (0 to the largest weight)"
 
 
 
@@ -80,7 +88,8 @@ def explorer_layer(d_model, h, d_k=None, *, seed=0, init="fan_in") -> MultiHeadA
     init : {"fan_in", "xavier"}, default "fan_in"
         ``"fan_in"``: ``W_q``, ``W_k``, ``W_v`` with variance ``1 / d_model`` and ``W_o`` with
         ``1 / (h·d_v)``, so the scores' spread does not depend on ``h`` or ``d_k``.
-        ``"xavier"``: the package's default (as PyTorch), variance ``2 / (fan_in + fan_out)``.
+        ``"xavier"``: the package's default, Xavier uniform on each matrix, variance
+        ``2 / (fan_in + fan_out)`` (not PyTorch's, which draws its stacked ``in_proj_weight``).
 
     Returns
     -------
@@ -119,7 +128,8 @@ def colour_top(weights) -> float:
     return float(min(1.0, max(0.2, math.ceil(float(np.max(weights)) * 10 - 1e-9) / 10)))
 
 
-def draw_explorer(h, d_k, *, d_model=48, hold_d_model=True, seed=0, init="fan_in", fig=None):
+def draw_explorer(h, d_k, *, d_model=48, hold_d_model=True, seed=0, init="fan_in",
+                  autoscale=False, fig=None):
     """Draw one setting of the explorer: every head's weights on the example sentence.
 
     Parameters
@@ -137,6 +147,9 @@ def draw_explorer(h, d_k, *, d_model=48, hold_d_model=True, seed=0, init="fan_in
     init : {"fan_in", "xavier"}, default "fan_in"
         The layer's initialisation (:func:`explorer_layer`; the module docstring says why
         fan-in).
+    autoscale : bool, default False
+        False: the colour scale runs from 0 to 1, the same for every setting. True: from 0 to
+        :func:`colour_top` of the weights (their largest, rounded up to a tenth).
     fig : matplotlib.figure.Figure, optional
         A heads figure from an earlier call to redraw into (see :func:`plot_heads`); the
         explorer passes its own so a redraw only updates images. Default: a new figure.
@@ -151,8 +164,9 @@ def draw_explorer(h, d_k, *, d_model=48, hold_d_model=True, seed=0, init="fan_in
         ``h``, ``d_k``, ``d_model``, ``init``, ``heads_drawn`` (counted from the figure's
         heatmap axes), ``param_count``, ``flops`` (the :func:`~mha_course.attention_flops`
         dict), ``weights_shape`` (h, T, T), ``weights_values`` (h·T·T), ``weights`` (the
-        array), ``largest_weight``, ``colour_top`` (top of the colour scale) and ``error``
-        (None, or the message shown instead of heatmaps).
+        array), ``largest_weight``, ``autoscale``, ``colour_top`` (top of the colour scale: 1.0,
+        or :func:`colour_top` of the weights when ``autoscale``) and ``error`` (None, or the
+        message shown instead of heatmaps).
 
     Raises
     ------
@@ -172,9 +186,11 @@ def draw_explorer(h, d_k, *, d_model=48, hold_d_model=True, seed=0, init="fan_in
     d_k = None if hold_d_model else validate_positive_int(func, "d_k", d_k)
     if init not in INITS:
         raise fail(func, f"init={init!r}; expected one of {', '.join(INITS)}")
+    autoscale = bool(autoscale)
     summary = {"h": h, "d_k": d_k, "d_model": d_model, "init": init, "heads_drawn": 0,
                "param_count": None, "flops": None, "weights_shape": None, "weights_values": 0,
-               "weights": None, "largest_weight": None, "colour_top": None, "error": None}
+               "weights": None, "largest_weight": None, "autoscale": autoscale,
+               "colour_top": None, "error": None}
     try:
         layer = explorer_layer(d_model, h, d_k, seed=seed, init=init)
     except ValueError as exc:  # e.g. h does not divide d_model while d_model is held
@@ -184,7 +200,7 @@ def draw_explorer(h, d_k, *, d_model=48, hold_d_model=True, seed=0, init="fan_in
                            "d_k yourself.")
         return fig, summary
     _, weights = layer(toy_embeddings(d_model))  # (h, T, T)
-    top = colour_top(weights)
+    top = colour_top(weights) if autoscale else 1.0
     fig, _ = plot_heads(
         weights,
         fig=fig,
@@ -285,7 +301,9 @@ def explorer(*, d_model=48, seed=0):
     message in the picture's place, at the same size. Untick it to set ``d_k`` freely (then
     parameters and FLOPs change with ``h·d_k``). The sliders use ``continuous_update=False``:
     dragging redraws once, on release. The layer uses the fan-in initialisation
-    (:func:`explorer_layer`), so raising ``d_k`` does not wash the heads out.
+    (:func:`explorer_layer`), so raising ``d_k`` does not wash the heads out. The colours run
+    from 0 to 1 in every setting, so settings compare; tick "autoscale colours" to stretch them
+    to the largest weight instead.
 
     Parameters
     ----------
@@ -297,9 +315,9 @@ def explorer(*, d_model=48, seed=0):
     -------
     ipywidgets.HBox
         Children: a ``VBox`` of fixed width (:data:`CONTROLS_WIDTH`) with the ``h`` and ``d_k``
-        sliders, the checkbox and an ``HTML`` panel with the parameters, FLOPs and weights in
-        large type; and an ``Image`` of fixed size (:data:`FIGSIZE` at :data:`WIDGET_DPI`) with
-        the heads.
+        sliders, the "hold d_model" and "autoscale colours" checkboxes and an ``HTML`` panel with
+        the parameters, FLOPs and weights in large type; and an ``Image`` of fixed size
+        (:data:`FIGSIZE` at :data:`WIDGET_DPI`) with the heads.
 
     Examples
     --------
@@ -307,7 +325,7 @@ def explorer(*, d_model=48, seed=0):
     >>> [type(w).__name__ for w in box.children]
     ['VBox', 'Image']
     >>> [type(w).__name__ for w in box.children[0].children]
-    ['IntSlider', 'IntSlider', 'Checkbox', 'HTML']
+    ['IntSlider', 'IntSlider', 'Checkbox', 'Checkbox', 'HTML']
     """
     import ipywidgets as widgets
 
@@ -321,9 +339,11 @@ def explorer(*, d_model=48, seed=0):
                                    disabled=True, layout=slider_layout)
     hold = widgets.Checkbox(value=True, description="hold d_model (d_k = d_model / h)",
                             indent=False, layout=slider_layout)
+    autoscale = widgets.Checkbox(value=False, description=AUTOSCALE_LABEL, indent=False,
+                                 layout=slider_layout)
     width, height = (round(s * WIDGET_DPI) for s in FIGSIZE)
     panel = widgets.HTML(layout=widgets.Layout(width=f"{CONTROLS_WIDTH - 10}px",
-                                               height=f"{height - 110}px", overflow="hidden"))
+                                               height=f"{height - 140}px", overflow="hidden"))
     image = widgets.Image(format="png", width=width, height=height,
                           layout=widgets.Layout(width=f"{width}px", height=f"{height}px",
                                                 min_width=f"{width}px"))
@@ -333,7 +353,8 @@ def explorer(*, d_model=48, seed=0):
 
     def redraw(change=None):
         fig, summary = draw_explorer(h_slider.value, d_k_slider.value, d_model=d_model,
-                                     hold_d_model=hold.value, seed=seed, fig=heads_fig)
+                                     hold_d_model=hold.value, seed=seed,
+                                     autoscale=autoscale.value, fig=heads_fig)
         image.value = figure_png(fig, dpi=WIDGET_DPI)
         panel.value = _panel_html(summary)  # last: once the numbers change, so has the picture
 
@@ -355,8 +376,9 @@ def explorer(*, d_model=48, seed=0):
     h_slider.observe(on_h, names="value")
     d_k_slider.observe(on_d_k, names="value")
     hold.observe(on_hold, names="value")
+    autoscale.observe(redraw, names="value")
     redraw()
-    controls = widgets.VBox([h_slider, d_k_slider, hold, panel],
+    controls = widgets.VBox([h_slider, d_k_slider, hold, autoscale, panel],
                             layout=widgets.Layout(width=f"{CONTROLS_WIDTH}px",
                                                   min_width=f"{CONTROLS_WIDTH}px",
                                                   height=f"{height}px"))

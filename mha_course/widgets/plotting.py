@@ -32,6 +32,9 @@ HEAD_LABEL = "head "
 # plot_heads' margins in inches (left: query labels, right: colorbar, bottom: key labels, top:
 # title) and the smallest gap between panels.
 _LEFT, _RIGHT, _BOTTOM, _TOP, _GAP = 0.75, 0.85, 0.7, 0.42, 0.16
+# The colorbar sits this far right of the grid, this wide; the axis names this far outside the
+# token labels (inches), so the picture stays one block, whatever the grid.
+_CB_GAP, _CB_WIDTH, _NAME_GAP = 0.15, 0.14, 0.08
 
 
 def plot_weights(weights, tokens_q=TOKENS, tokens_k=None, ax=None, title=None,
@@ -296,6 +299,8 @@ def plot_heads(weights, tokens_q=TOKENS, tokens_k=None, *, titles=None, suptitle
     y_top = H - _TOP - (free_h - nrows * cell_h - gap_h * (nrows - 1)) / 2
     # Labels as large as a panel's rows allow, between 5 and 8 points.
     font = max(5.0, min(8.0, 0.8 * 72 * cell_h / T))
+    _place_frame(state, x0, y_top, ncols * cell_w + gap_w * (ncols - 1),
+                 nrows * cell_h + gap_h * (nrows - 1), font, tokens_q, tokens_k)
     axes = []
     for i, (ax, img, xs, ys) in enumerate(pool):
         if i >= h:
@@ -320,6 +325,19 @@ def plot_heads(weights, tokens_q=TOKENS, tokens_k=None, *, titles=None, suptitle
     return fig, axes
 
 
+def _place_frame(state, x0, y_top, grid_w, grid_h, font, tokens_q, tokens_k) -> None:
+    """Put the colorbar beside the grid and the axis names just outside its token labels."""
+    W, H = state["size"]
+    cax, key_name, query_name = state["frame"]
+    cax.set_position([(x0 + grid_w + _CB_GAP) / W, (y_top - grid_h) / H, _CB_WIDTH / W,
+                      grid_h / H])
+    # a token label is about 0.6 em wide per character, at `font` points (72 to the inch)
+    label = 0.6 * font / 72 * max(len(t) for t in (*tokens_q, *tokens_k)) + 0.05
+    query_name.set_position(((x0 - label - _NAME_GAP) / W, (y_top - grid_h / 2) / H))
+    key_y = max(y_top - grid_h - label - _NAME_GAP, 0.16)  # never below the figure's edge
+    key_name.set_position(((x0 + grid_w / 2) / W, key_y / H))
+
+
 def _build_heads_figure(fig, tokens_q, tokens_k, colorbar_label) -> dict:
     """The parts of a heads figure that never move: colorbar, axis names, the message text."""
     W, H = fig.get_size_inches()
@@ -329,10 +347,10 @@ def _build_heads_figure(fig, tokens_q, tokens_k, colorbar_label) -> dict:
     colorbar = fig.colorbar(ScalarMappable(norm, "viridis"), cax=cax)
     colorbar.set_label(colorbar_label, fontsize=9)
     colorbar.ax.tick_params(labelsize=8)
-    names = [fig.text(0.5 * (_LEFT + W - _RIGHT) / W, 0.04 / H, "key (attended to)",
-                      ha="center", va="bottom", fontsize=8),
-             fig.text(0.06 / W, 0.5 * (_BOTTOM + H - _TOP) / H, "query (attending)",
-                      rotation=90, ha="left", va="center", fontsize=8)]
+    # placed for each grid by _place_frame: beside the grid, not at the figure's edges
+    names = [fig.text(0.5, 0.04 / H, "key (attended to)", ha="center", va="top", fontsize=8),
+             fig.text(0.06 / W, 0.5, "query (attending)", rotation=90, ha="right",
+                      va="center", fontsize=8)]
     message = fig.text(0.5, 0.5, "", ha="center", va="center", fontsize=10, color="firebrick",
                        family="monospace", visible=False)
     state = {"tokens": (tokens_q, tokens_k), "norm": norm, "pool": [], "colorbar": colorbar,

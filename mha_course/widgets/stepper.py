@@ -50,8 +50,8 @@ MASKS = ("none", "causal", "padding")
 TEMPERATURES = (0.25, 0.5, 1.0, 2.0, 4.0)
 #: The colour scale runs from -COLOUR_LIMIT to +COLOUR_LIMIT (symmetric-log, linear within ±1).
 COLOUR_LIMIT = 16.0
-#: Size of the figure in inches and the resolution of the widget's PNG: 960 x 300 pixels.
-FIGSIZE = (9.6, 3.0)
+#: Size of the figure in inches and the resolution of the widget's PNG: 960 x 320 pixels.
+FIGSIZE = (9.6, 3.2)
 DPI = 100
 STEPS = ("scores", "scaled", "masked", "weights", "output")
 
@@ -59,9 +59,12 @@ _CMAP = "RdBu_r"
 _MASKED_COLOUR = "0.72"  # grey: not a number on the scale
 # Layout in inches: left margin (query labels), gap between panels, right margin (colorbar),
 # bottom margin (key labels), top margin (titles); font size of the cell numbers.
-_LEFT, _GAP, _RIGHT, _BOTTOM, _TOP = 0.55, 0.18, 0.8, 0.6, 0.72
-_CHARS = 5  # characters per cell: a number of at most 4 ("-2.4", ".35", "−∞") and a space
+_LEFT, _GAP, _RIGHT, _BOTTOM, _TOP = 0.5, 0.12, 0.8, 0.7, 0.72
+# A cell's number has at most 4 characters ("-2.4", ".35", "−∞"); the font makes 4 characters
+# and some air exactly one cell wide (review D42: the numbers were 6 pt at notebook width).
+_CHARS = 4.6
 _MONO_ADVANCE = 0.602  # width of a DejaVu Sans Mono character, in ems
+_LABEL_FONT = 8  # token labels, colorbar ticks
 
 
 def stepper_inputs(seed: int = 0) -> dict:
@@ -203,8 +206,8 @@ def _build(fig: Figure, tokens, d_v: int) -> dict:
     columns = [T, T, T, T, d_v]
     free_w = W - _LEFT - _RIGHT - _GAP * (len(columns) - 1)
     cell = min(free_w / sum(columns), (H - _BOTTOM - _TOP) / T)
-    # The numbers of a row are one monospaced string: 7 text artists per panel instead of one
-    # per cell keeps a redraw fast. The font size makes _CHARS characters exactly one cell wide.
+    # One text artist per cell, centred in it: the font size makes _CHARS characters exactly
+    # one cell wide, so the numbers are as large as the cells allow.
     font = cell * 72 / (_CHARS * _MONO_ADVANCE)
     x = _LEFT
     panels = []
@@ -214,24 +217,27 @@ def _build(fig: Figure, tokens, d_v: int) -> dict:
                         aspect="auto")
         ax.xaxis.set_visible(False)
         ax.yaxis.set_visible(False)
-        rows = [ax.text((n_cols - 1) / 2, i, "", ha="center", va="center", fontsize=font,
-                        family="monospace") for i in range(T)]
+        # thin white lines between the cells, so that two 4-character numbers never touch
+        ax.vlines(np.arange(n_cols - 1) + 0.5, -0.5, T - 0.5, colors="white", linewidths=0.8)
+        ax.hlines(np.arange(T - 1) + 0.5, -0.5, n_cols - 0.5, colors="white", linewidths=0.8)
+        cells = [[ax.text(j, i, "", ha="center", va="center", fontsize=font,
+                          family="monospace") for j in range(n_cols)] for i in range(T)]
         keys = [f"v{j}" for j in range(n_cols)] if step == "output" else tokens
         for j, label in enumerate(keys):
-            ax.text(j, T - 0.4, label, ha="center", va="top", rotation=90, fontsize=7)
+            ax.text(j, T - 0.4, label, ha="center", va="top", rotation=90, fontsize=_LABEL_FONT)
         if step == "scores":
             for i, label in enumerate(tokens):
-                ax.text(-0.7, i, label, ha="right", va="center", fontsize=7)
-        panels.append({"ax": ax, "img": img, "rows": rows})
+                ax.text(-0.6, i, label, ha="right", va="center", fontsize=_LABEL_FONT)
+        panels.append({"ax": ax, "img": img, "cells": cells})
         x += n_cols * cell + _GAP
     cax = fig.add_axes([(W - _RIGHT + 0.2) / W, _BOTTOM / H, 0.12 / W, T * cell / H])
     bar = fig.colorbar(ScalarMappable(norm, cmap), cax=cax)
     ticks = [-16, -4, -1, 0, 0.5, 1, 4, 16]
     bar.set_ticks(ticks, labels=[f"{t:g}" for t in ticks])
-    bar.ax.tick_params(labelsize=7)
-    bar.set_label("value (grey: −∞)", fontsize=7)
+    bar.ax.tick_params(labelsize=_LABEL_FONT - 1)
+    bar.set_label("value (grey: −∞)", fontsize=_LABEL_FONT - 1)
     fig.text(_LEFT / W, 0.03, "rows: queries · columns: keys (output: value features)",
-             fontsize=7, va="bottom")
+             fontsize=_LABEL_FONT - 1, va="bottom")
     return {"panels": panels, "tokens": tuple(tokens), "d_v": d_v}
 
 
@@ -296,9 +302,10 @@ def draw_stepper(scale=True, temperature=1.0, mask="none", *, seed=0, fig=None):
     for step, panel in zip(STEPS, state["panels"], strict=True):
         values = steps[step]
         panel["img"].set_data(np.ma.masked_invalid(values))
-        for row, text in zip(values, panel["rows"], strict=True):
-            text.set_text("".join(_fmt(value, step).center(_CHARS) for value in row))
-        panel["ax"].set_title(titles[step], fontsize=8, loc="left", pad=3)
+        for row, texts in zip(values, panel["cells"], strict=True):
+            for value, text in zip(row, texts, strict=True):
+                text.set_text(_fmt(value, step))
+        panel["ax"].set_title(titles[step], fontsize=9, loc="left", pad=3)
     fig.suptitle(f"one head on a padded sentence: √d_k = {root_d_k:g}, "
                  f"scaling {'on' if scale else 'off'}, τ = {tau:g}, mask: {mask}",
                  fontsize=9, y=0.985, va="top")
@@ -356,7 +363,7 @@ def stepper_widget(*, seed: int = 0):
     ipywidgets.VBox
         Children: an ``HBox`` of the controls (a "divide by √d_k" checkbox, a temperature
         ``SelectionSlider`` over :data:`TEMPERATURES`, a mask ``Dropdown``), an ``HTML``
-        line with :func:`stepper_summary_line`, and an ``Image`` with the figure (960 x 300
+        line with :func:`stepper_summary_line`, and an ``Image`` with the figure (960 x 320
         pixels at every setting).
 
     Examples

@@ -9,6 +9,7 @@ is told apart from a ``stderr`` stream (both render with
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import time
 from pathlib import Path
@@ -28,8 +29,12 @@ def lessons() -> list[Path]:
 
 def notebooks() -> list[Path]:
     """Every notebook the suite runs in JupyterLab: the lessons, then the others (the app's
-    ``app.ipynb``, which ``make app`` serves with Voila, runs in JupyterLab too)."""
+    ``app.ipynb``, which ``make app`` serves with Voila, runs in JupyterLab too). The
+    appendices (``appendix_*.ipynb``) need PyTorch: without it they are left out, as ``make
+    nbval`` leaves them out."""
     others = sorted(set(LESSONS_DIR.glob("*.ipynb")) - set(lessons()))
+    if importlib.util.find_spec("torch") is None:
+        others = [p for p in others if not p.name.startswith("appendix_")]
     return lessons() + others
 
 

@@ -386,14 +386,22 @@ def test_explorer_redraws_by_keyboard(visit, tmp_path):
 
     _press(_slider(box, "h").locator(".noUi-handle"), "ArrowLeft")  # h: 4 -> 3, d_k follows
     expect_setting(h - 1, d_model // (h - 1))
-    _press(box.locator(".widget-checkbox input"), "Space")  # hold d_model: off
-    expect(box.locator(".widget-checkbox input")).not_to_be_checked()
+    hold = box.locator(".widget-checkbox").filter(has_text="hold d_model").locator("input")
+    _press(hold, "Space")  # hold d_model: off
+    expect(hold).not_to_be_checked()
     # the d_k slider is enabled once the kernel has answered
     expect(_slider(box, "d_k").locator(".widget-readout")).to_have_attribute(
         "contenteditable", "true", timeout=TIMEOUT_MS)
     _press(_slider(box, "d_k").locator(".noUi-handle"), "ArrowRight", times=2)
     expect_setting(h - 1, d_model // (h - 1) + 2)
     _shoot(box, tmp_path, f"explorer_h{h - 1}_d_k{d_model // (h - 1) + 2}")
+    # the colours run 0-1 until "autoscale colours" is ticked (review D41)
+    expect(panel).to_contain_text("(colour 0–1.0)", timeout=TIMEOUT_MS)
+    autoscale = box.locator(".widget-checkbox").filter(has_text="autoscale").locator("input")
+    _press(autoscale, "Space")
+    expect(autoscale).to_be_checked()
+    expect(panel).not_to_contain_text("(colour 0–1.0)", timeout=TIMEOUT_MS)
+    pictures.append(_new_picture(image, pictures[-1]))
     assert len(set(pictures)) == len(pictures)
     _assert_clean(visit)
 

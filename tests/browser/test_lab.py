@@ -8,6 +8,7 @@ printed; ``-s`` shows them as they are taken).
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from itertools import pairwise
 
@@ -29,6 +30,8 @@ LAPTOP_VIEWPORT = {"width": 1366, "height": 650}
 # Every lesson, and the app's notebook (notebooks/app.ipynb: the widgets that `make app` serves).
 @pytest.mark.parametrize("lesson", [p.name for p in notebooks()])
 def test_lesson_runs_all_cells_in_jupyterlab_without_errors(run_lesson, lesson):
+    if lesson.startswith("appendix_") and importlib.util.find_spec("torch") is None:
+        pytest.skip(f"{lesson} needs PyTorch (pip install -e '.[reference]')")
     run = run_lesson(lesson)
     print(f"\n{lesson}: seconds {run.seconds}")
     for shot in run.screenshots:
@@ -137,7 +140,10 @@ def test_explorer_redraws_when_h_and_d_k_move_by_keyboard(run_lesson, tmp_path):
     h_handle = _slider(explorer, "h").locator(".noUi-handle")
     d_k_handle = _slider(explorer, "d_k").locator(".noUi-handle")
     d_k_readout = _slider(explorer, "d_k").locator(".widget-readout")
-    hold = explorer.locator(".widget-checkbox input[type=checkbox]")
+    hold = explorer.locator(".widget-checkbox").filter(has_text="hold d_model").locator(
+        "input[type=checkbox]")
+    autoscale = explorer.locator(".widget-checkbox").filter(has_text="autoscale").locator(
+        "input[type=checkbox]")
 
     start = _summary(panel)
     d_model = start["d_model"]
@@ -198,6 +204,19 @@ def test_explorer_redraws_when_h_and_d_k_move_by_keyboard(run_lesson, tmp_path):
     explorer.screenshot(path=shot)
     print(f"screenshot of the explorer at h={h2}, d_k={d_k2}: {shot}")
 
+    # 5. The colour scale is 0-1 in every setting; "autoscale colours" stretches it to the
+    #    largest weight (review D41), and unticking it brings 0-1 back.
+    assert "(colour 0–1.0)" in after_h2["text"]
+    assert not autoscale.is_checked()
+    autoscale.check()
+    expect(panel).not_to_contain_text("(colour 0–1.0)", timeout=TIMEOUT_MS)
+    top = float(re.search(r"\(colour 0–([\d.]+)\)", _summary(panel)["text"])[1])
+    assert 0.1 < top < 1.0
+    figures.append(_image(explorer, figures[-1]))
+    autoscale.uncheck()
+    expect(panel).to_contain_text("(colour 0–1.0)", timeout=TIMEOUT_MS)
+    figures.append(_image(explorer, figures[-1]))
+
     # Every change drew a new picture, and nothing was asked of the network.
     assert all(a != b for a, b in pairwise(figures)), "a figure was not redrawn"
     _assert_no_blocked(run, since)
@@ -241,6 +260,7 @@ def test_explorer_fits_a_1366_by_768_screen_with_its_controls_in_view(run_lesson
                   and box["y"] + box["height"] <= view["y"] + view["height"] + 1)
         assert inside, f"the explorer {box} does not fit in the notebook's view {view}"
         for part in (_slider(explorer, "h"), _slider(explorer, "d_k"),
+                     explorer.locator(".widget-checkbox").filter(has_text="autoscale"),
                      explorer.locator(".widget-html"), explorer.locator(".widget-image")):
             expect(part).to_be_in_viewport(ratio=1.0)
     finally:

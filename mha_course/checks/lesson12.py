@@ -1,0 +1,193 @@
+"""Checks for the exercises of lesson 12, the attention block of 2025
+(``solutions/12_attention_2025.ipynb``).
+
+The lesson is ``notebooks/12_attention_2025.ipynb``; each ``check_*`` is called by an exercise's
+check cell (see :mod:`mha_course.checks`). The references come from the package at check time:
+:func:`mha_course.logit_control.soft_cap`, :func:`mha_course.logit_control.qk_norm`,
+:func:`mha_course.sinks.softmax_with_sink` and :func:`mha_course.delta_rule.delta_rule`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..attention import causal_mask
+from ..delta_rule import delta_rule
+from ..logit_control import qk_norm, soft_cap
+from ..sinks import softmax_with_sink
+from ..softmax import softmax
+from .harness import call, compare, fail, passed
+
+__all__ = ["check_capped_weights", "check_delta_write", "check_qk_norm_fused",
+           "check_sink_softmax"]
+
+
+def _masks(rng, T, S):
+    """A causal mask (bottom-right) and a random one with no empty row."""
+    random = rng.uniform(size=(T, S)) < 0.6
+    random[:, 0] = True
+    return [causal_mask(T, S), random]
+
+
+# ---------------------------------------------------------------------------------- 12.1
+def check_capped_weights(fn) -> None:
+    """Exercise 12.1: ``capped_weights(scores, mask, cap)``: the softmax weights of soft-capped,
+    masked scores, the cap applied before the mask."""
+    ex = "12.1"
+    rng = np.random.default_rng(1201)
+    for shape, cap in (((2, 3, 4, 6), 5.0), ((5, 7), 50.0), ((3, 2, 9), 1.5)):
+        for mask in _masks(rng, *shape[-2:]):
+            _capped_case(ex, fn, rng.normal(scale=4.0 * cap, size=shape), mask, cap)
+    passed(ex, "the weights match softmax(mask(cap·tanh(scores/cap))) for 3 shapes, causal "
+               "and random masks, caps 1.5 to 50")
+
+
+def _capped_case(ex, fn, scores, mask, cap):
+    shape = scores.shape
+    want = softmax(soft_cap(scores, cap), mask=mask)
+    got = call(ex, fn, (scores, mask, cap), ("scores", "mask", "cap"),
+               forbid={"mha_course.logit_control.soft_cap": "write the cap yourself"})
+    filled = np.where(mask, scores, -np.inf)
+    compare(ex, got, want, f"your weights for scores {shape}, cap {cap}",
+            "(..., T, S)", variants=[
+                ("the cap is applied after the mask: c·tanh(-inf/c) = -c is a finite "
+                 "score, so masked keys get weight; cap the scores first, then mask",
+                 lambda: softmax(cap * np.tanh(filled / cap))),
+                ("the scores are not capped: c·tanh(s/c) squashes each score into "
+                 "(-c, c) before the softmax",
+                 lambda: softmax(scores, mask=mask)),
+                ("tanh(s/c) without the factor c: the capped score is c·tanh(s/c), "
+                 "close to s when |s| ≪ c",
+                 lambda: softmax(np.tanh(scores / cap), mask=mask)),
+                ("a hard clip is not a soft cap: use c·tanh(s/c), smooth and with a "
+                 "gradient everywhere", lambda: softmax(np.clip(scores, -cap, cap),
+                                                        mask=mask)),
+            ])
+
+
+# ---------------------------------------------------------------------------------- 12.2
+def check_sink_softmax(fn) -> None:
+    """Exercise 12.2: ``sink_softmax(scores, sinks)``: weights of (..., h, T, S) scores with one
+    learned sink logit per head in the denominator only."""
+    ex = "12.2"
+    rng = np.random.default_rng(1202)
+    for shape in ((2, 3, 4, 5), (4, 6, 3), (1, 2, 7, 7)):
+        _sink_case(ex, fn, rng.normal(scale=2.0, size=shape), rng.normal(scale=1.5,
+                                                                         size=shape[-3]))
+    passed(ex, "the weights match gpt-oss's sink softmax (extra column, softmax, drop it) for "
+               "3 shapes of (..., h, T, S)")
+
+
+def _sink_case(ex, fn, scores, sinks):
+    shape, h = scores.shape, scores.shape[-3]
+    want, _ = softmax_with_sink(scores, sinks)
+    got = call(ex, fn, (scores, sinks), ("scores", "sinks"),
+               forbid={"mha_course.sinks.softmax_with_sink": "write the sink softmax "
+                       "yourself", "mha_course.sinks.sink_attention": "write the sink "
+                       "softmax yourself"})
+    col = np.broadcast_to(sinks[:, None, None], shape[:-1] + (1,))
+    with_col = softmax(np.concatenate([scores, col], axis=-1))
+    if np.asarray(got).shape == with_col.shape:
+        raise fail(ex, f"your weights have shape {np.asarray(got).shape}, one column too "
+                       "many. Likely mistake: the sink's column is still there; drop it "
+                       "after the softmax, it carries no value")
+    compare(ex, got, want, f"your weights for scores {shape}, {h} sinks", "(..., h, T, S)",
+            variants=[
+                ("the sink's column is dropped and the rest renormalised: that is the "
+                 "plain softmax again; the sink stays in the denominator, so the rows sum "
+                 "to less than 1", lambda: softmax(scores)),
+                ("the sink logit is added to the denominator as sink, not exp(sink)",
+                 lambda: np.exp(scores) / (np.exp(scores).sum(-1, keepdims=True)
+                                           + col)),
+            ])
+
+
+# ---------------------------------------------------------------------------------- 12.3
+def check_qk_norm_fused(fn) -> None:
+    """Exercise 12.3: ``qk_norm_fused(x, h, gain, eps)``: per-head RMSNorm of a fused
+    (..., T, h·d_k) projection, returned fused."""
+    ex = "12.3"
+    rng = np.random.default_rng(1203)
+    for shape, h in (((2, 5, 12), 3), ((7, 8), 2), ((2, 3, 4, 20), 5)):
+        d_k = shape[-1] // h
+        x = rng.normal(size=shape) * rng.uniform(0.1, 10.0, size=h).repeat(d_k)
+        _qk_case(ex, fn, x, h, rng.uniform(0.5, 1.5, size=d_k), 1e-6)
+    passed(ex, "per-head RMSNorm of the fused projection matches qk_norm on (..., h, d_k) for "
+               "3 shapes (h = 3, 2, 5), heads of very different scales")
+
+
+def _qk_case(ex, fn, x, h, gain, eps):
+    shape, d_k = x.shape, x.shape[-1] // h
+    heads = x.reshape(*shape[:-1], h, d_k)
+    want = qk_norm(heads, gain, eps).reshape(shape)
+    got = call(ex, fn, (x, h, gain, eps), ("x", "h", "gain", "eps"),
+               forbid={"mha_course.logit_control.qk_norm": "write the norm yourself",
+                       "mha_course.block.rms_norm": "write the norm yourself",
+                       "mha_course.rms_norm": "write the norm yourself"})
+    rms_all = np.sqrt((x * x).mean(-1, keepdims=True) + eps)
+    compare(ex, got, want, f"your output for x {shape}, h = {h}", "(..., T, h·d_k)",
+            variants=[
+                ("the norm is over the whole h·d_k row (OLMo 2's QK-norm), not over each "
+                 "head's d_k features: reshape to (..., h, d_k) first",
+                 lambda: x / rms_all * np.tile(gain, h)),
+                ("the norm runs over the tokens (axis -2), not over each head's features",
+                 lambda: (heads / np.sqrt((heads * heads).mean(-3, keepdims=True) + eps)
+                          * gain).reshape(shape)),
+                ("the gain is missing: multiply each normalised head by gain (d_k,)",
+                 lambda: qk_norm(heads, None, eps).reshape(shape)),
+                ("that is LayerNorm: QK-norm here is RMSNorm, no mean is subtracted",
+                 lambda: ((heads - heads.mean(-1, keepdims=True))
+                          / np.sqrt(heads.var(-1, keepdims=True) + eps) * gain
+                          ).reshape(shape)),
+            ])
+
+
+# ---------------------------------------------------------------------------------- 12.4
+def check_delta_write(fn) -> None:
+    """Exercise 12.4: ``delta_write(S, k, v, beta)``: one write of the delta rule to a
+    (d_k, d_v) state, k already of unit length."""
+    ex = "12.4"
+    rng = np.random.default_rng(1204)
+    for d_k, d_v, beta in ((5, 5, 0.25), (4, 6, 1.0), (7, 3, 0.5)):
+        k = rng.normal(size=d_k)
+        _delta_case(ex, fn, rng.normal(size=(d_k, d_v)), k / np.linalg.norm(k),
+                    rng.normal(size=d_v), beta)
+    _delta_exact(ex, fn)
+    passed(ex, "the delta-rule write matches delta_rule for 3 states (beta 0.25, 1, 0.5), and a "
+               "written key reads back its value exactly")
+
+
+def _delta_case(ex, fn, S, k, v, beta):
+    d_k, d_v = S.shape
+    _, want = delta_rule(k[None], k[None], v[None], beta, state=S, normalize=False)
+    got = call(ex, fn, (S, k, v, beta), ("S", "k", "v", "beta"),
+               forbid={"mha_course.delta_rule.delta_rule": "write the update yourself",
+                       "mha_course.delta_rule.delta_rule_parallel": "write the update "
+                       "yourself"})
+    compare(ex, got, want, f"your new state (d_k {d_k}, d_v {d_v}, beta {beta})",
+            "(d_k, d_v)", variants=[
+                ("that is linear attention's write S + beta·k vᵀ: the delta rule writes "
+                 "only the error v − Sᵀk",
+                 lambda: S + beta * np.outer(k, v)),
+                ("the read is S k, not Sᵀ k: the state maps a key (d_k) to a value "
+                 "(d_v), so read with k @ S",
+                 lambda: S + beta * np.outer(k, v - S @ k) if d_k == d_v else None),
+                ("beta scales the whole write, the read included: S + beta·k(v − Sᵀk)ᵀ",
+                 lambda: S + np.outer(k, beta * v - k @ S)),
+                ("the new state is transposed: it is S + beta·k (v − Sᵀk)ᵀ, shape (d_k, d_v), "
+                 "np.outer(k, error), not np.outer(error, k)",
+                 lambda: (S + beta * np.outer(k, v - k @ S)).T),
+            ],
+            shape_hints={(d_v, d_k): "the state is (d_k, d_v): np.outer(k, error), not "
+                                     "np.outer(error, k)"} if d_k != d_v else None)
+
+
+def _delta_exact(ex, fn):
+    k = np.eye(3)[1]
+    v = np.array([2.0, -1.0])
+    got = np.asarray(call(ex, fn, (np.zeros((3, 2)), k, v, 1.0), ("S", "k", "v", "beta")))
+    read = k @ got
+    if not np.allclose(read, v):
+        raise fail(ex, f"after writing v = {v.tolist()} under a unit key with beta = 1, reading "
+                       f"that key gives {np.round(read, 4).tolist()}; the delta rule stores it "
+                       "exactly")

@@ -1,0 +1,22 @@
+"""Attention across devices: p simulated devices in one process, and the schemes that split a
+layer or a sequence over them.
+
+Taught in ``notebooks/11_parallel_and_precision.ipynb``. What lives here:
+
+- :mod:`~mha_course.parallel.collectives`: the devices and the collectives that move arrays
+  between them (all-reduce, all-gather, reduce-scatter, all-to-all, a ring pass), every one
+  built from point-to-point sends that count the bytes each device sends and receives;
+  :class:`~mha_course.parallel.collectives.Meta` placeholders run the same schedules on shapes
+  alone, so the bytes of a 128k-token layer are counted without allocating it;
+- :mod:`~mha_course.parallel.tensor`: tensor parallelism (Megatron-LM): the layer's heads split
+  over the devices, one all-reduce per attention block and per MLP;
+- :mod:`~mha_course.parallel.ring` and :mod:`~mha_course.parallel.ulysses`: sequence (context)
+  parallelism two ways, ring attention with its contiguous, zig-zag and striped layouts, and
+  DeepSpeed-Ulysses' all-to-all;
+- :mod:`~mha_course.parallel.memory`: the activation memory of training, per device, under
+  tensor and sequence parallelism, with and without recomputation.
+
+What it may import: the attention itself (the top level of ``mha_course``) and NumPy, nothing
+above (no models, checks, grading or widgets): a model is taken by duck typing, so the wing sits
+just above the top level.
+"""

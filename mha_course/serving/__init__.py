@@ -1,0 +1,26 @@
+"""The serving wing: what a server does around the attention. Lesson 10.
+
+Taught in ``notebooks/10_serving.ipynb``. What lives here:
+
+- ``decoder``: a decoder-only model as a server sees it (weights by name, run chunk by chunk
+  over a cache; built from lesson 09's GPT by duck typing, or with random weights for tests),
+  and the contiguous cache that generating one request alone uses;
+- ``roofline``: the bytes and FLOPs of a decode step and of a prefill, and their time on a GPU
+  from its datasheet;
+- ``scheduler``: requests, a paged KV cache for many sequences, static and continuous batching
+  and chunked prefill, under a cost model, with throughput, TTFT and TPOT;
+- ``prefix_cache``: block hashing over the paged cache, so requests that share a prefix reuse
+  its blocks;
+- ``speculative``: draft and verify, greedy and rejection sampling, the acceptance-rate
+  formula, a tree-attention mask;
+- ``split_kv``: Flash-Decoding's split of the cache into chunks, combined by log-sum-exp, and
+  the occupancy that motivates it;
+- ``compressed``: quantised K and V (int8, an 8-bit float) and eviction at a fixed budget
+  (sliding window, StreamingLLM's sinks, H2O, SnapKV), as caches the decoder runs over.
+
+What it may import: the attention itself (the package's top-level modules: the layer, its
+caches, masks, positions, the block, the softmax) and NumPy (``ml_dtypes`` for the 8-bit float).
+Never the models wing (a model is taken by duck typing, so this wing sits just above the
+attention), the checks, the grading tools or the widgets, which may build on it. Import from
+the module, not from the package's ``__init__``.
+"""

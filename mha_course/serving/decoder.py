@@ -1,0 +1,385 @@
+"""A decoder-only model as a server sees it: weights by name, run chunk by chunk over a cache.
+
+Taught in ``notebooks/10_serving.ipynb``. Lesson 09's GPT (``mha_course.models.gpt``) is a
+pre-norm decoder: a token embedding, blocks of ``x + attn(rms_norm(x))`` and
+``x + swiglu(rms_norm(x))`` whose attention is the package's :class:`~mha_course.MultiHeadAttention`
+(causal, RoPE, GQA), a final RMSNorm and an output head. A server needs more ways to run it than
+the model offers: over a *paged* cache shared by many sequences, over a quantised or an evicting
+cache, a ragged batch of chunks of different lengths in one pass, a cache it can roll back.
+:class:`Decoder` holds the same weights (read from the model's parameters by duck typing,
+:meth:`Decoder.from_model`, or random ones for tests, :meth:`Decoder.random`) and runs them two
+ways:
+
+- :meth:`Decoder.forward`: the whole sequence at once through each layer's own
+  ``MultiHeadAttention.forward`` with a causal mask (the reference);
+- :meth:`Decoder.step` / :meth:`Decoder.step_many`: new tokens over a cache. Every layer
+  projects the new tokens of *all* sequences in one matrix product (a server's flattened batch)
+  and hands each sequence's queries, keys and values to that sequence's cache, which stores
+  them and attends (``cache.attend``). Any object with ``length`` (positions already stored),
+  ``attend(layer, q, k, v)`` and ``advance(n)`` is a cache: :class:`ContiguousCache` here, the
+  paged, quantised and evicting caches in the other modules of this wing.
+
+Keys and values reach the cache *unrotated*, with RoPE applied by the cache
+(:func:`rotate`), so that a cache that evicts positions can choose which positions its keys
+sit at (StreamingLLM's positions inside the cache). A cache that keeps every position rotates
+each key once, at its true position, as lesson 06 §3 does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._validate import fail, validate_positive_int
+from ..attention import causal_mask, scaled_dot_product_attention
+from ..block import rms_norm, swiglu
+from ..heads import group_heads, kv_for_groups, merge_heads, split_heads, ungroup_heads
+from ..multihead import MultiHeadAttention
+from ..positions import apply_rope
+
+
+def rotate(attn, x, start: int):
+    """RoPE for ``x`` (..., T, d) at positions ``start .. start + T - 1`` in ``attn``'s layout.
+
+    ``x`` itself when the layer has no RoPE. ``start`` may also be an array of T positions.
+    """
+    if attn.rope is None:
+        return x
+    positions = np.arange(start, start + x.shape[-2]) if np.ndim(start) == 0 else start
+    return apply_rope(x, np.asarray(positions), base=attn.rope_base, layout=attn.rope)
+
+
+def attend_groups(q, k, v, mask=None):
+    """Attention of ``h`` query heads over ``g`` K/V heads, as ``decode_step`` groups them.
+
+    q (..., h, T, d_k), k (..., g, S, d_k), v (..., g, S, d_v), mask broadcastable to (T, S)
+    -> heads (..., h, T, d_v), weights (..., h, T, S).
+    """
+    g = k.shape[-3]
+    heads, weights = scaled_dot_product_attention(
+        group_heads(q, g), kv_for_groups(k), kv_for_groups(v), mask=mask)  # (..., g, h/g, T, .)
+    return ungroup_heads(heads), ungroup_heads(weights)
+
+
+class DecoderLayer:
+    """One pre-norm block: its attention layer, two RMSNorm weights and a SwiGLU MLP."""
+
+    def __init__(self, attn: MultiHeadAttention, norm_attn, norm_mlp, W_gate, W_up, W_down,
+                 eps: float = 1e-5):
+        self.attn, self.eps = attn, float(eps)
+        self.norm_attn, self.norm_mlp = np.asarray(norm_attn), np.asarray(norm_mlp)
+        self.W_gate, self.W_up, self.W_down = (np.asarray(W) for W in (W_gate, W_up, W_down))
+
+    def mlp(self, x):
+        """``x + swiglu(rms_norm(x))``'s second term, (N, d_model) -> (N, d_model)."""
+        return swiglu(rms_norm(x, self.norm_mlp, self.eps), self.W_gate, self.W_up, self.W_down)
+
+
+class ContiguousCache:
+    """The cache of one sequence generated alone (or of ``batch`` sequences of equal length):
+    per layer, every key and value in order.
+
+    Keys are stored rotated at their positions, shape (g, S, d_k), or (batch, g, S, d_k) with
+    ``batch`` (for :meth:`Decoder.step_batch`). :meth:`truncate` drops the last positions
+    (speculative decoding rolls rejected drafts back with it).
+
+    Examples
+    --------
+    >>> dec = Decoder.random(vocab=11, d_model=8, n_layers=2, h=2, rng=0)
+    >>> cache = ContiguousCache(dec)
+    >>> dec.step([1, 2, 3], cache).shape, cache.length
+    ((3, 11), 3)
+    >>> cache.truncate(1); cache.length, cache.keys[0].shape
+    (1, (2, 1, 4))
+    """
+
+    def __init__(self, decoder: Decoder, batch: int | None = None):
+        self.decoder = decoder
+        self.length = 0
+        lead = () if batch is None else (validate_positive_int("ContiguousCache", "batch", batch),)
+        self.keys = [np.empty((*lead, l.attn.n_kv_heads, 0, l.attn.d_k)) for l in decoder.layers]
+        self.values = [np.empty((*lead, l.attn.n_kv_heads, 0, l.attn.d_v))
+                       for l in decoder.layers]
+
+    def attend(self, layer: int, q, k, v):
+        """Store the chunk's keys and values (T new positions) and attend over all of them.
+
+        q (..., h, T, d_k), k (..., g, T, d_k), v (..., g, T, d_v), unrotated -> heads
+        (..., h, T, d_v).
+        """
+        attn = self.decoder.layers[layer].attn
+        q, k = rotate(attn, q, self.length), rotate(attn, k, self.length)
+        dtype = np.result_type(k, self.keys[layer])
+        self.keys[layer] = np.concatenate([self.keys[layer].astype(dtype, copy=False), k], -2)
+        self.values[layer] = np.concatenate([self.values[layer].astype(dtype, copy=False), v],
+                                            -2)
+        T, S = q.shape[-2], self.keys[layer].shape[-2]
+        return attend_groups(q, self.keys[layer], self.values[layer], causal_mask(T, S))[0]
+
+    def advance(self, n: int) -> None:
+        """``n`` new positions are now stored in every layer."""
+        self.length += n
+
+    def truncate(self, length: int) -> None:
+        """Keep the first ``length`` positions of every layer (0 <= length <= self.length)."""
+        if not 0 <= length <= self.length:
+            raise fail("ContiguousCache.truncate", f"length={length} must be between 0 and "
+                       f"the {self.length} positions stored")
+        self.keys = [k[..., :length, :] for k in self.keys]
+        self.values = [v[..., :length, :] for v in self.values]
+        self.length = length
+
+
+class Decoder:
+    """A decoder-only transformer's weights, run whole or chunk by chunk over caches.
+
+    Parameters
+    ----------
+    embedding : ndarray, shape (vocab, d_model)
+    layers : list of DecoderLayer
+    norm_final : ndarray, shape (d_model,)
+    W_out : ndarray, shape (d_model, vocab)
+        The output head (``embedding.T`` for tied weights).
+    eps : float, default 1e-5
+        RMSNorm's epsilon.
+
+    Examples
+    --------
+    >>> dec = Decoder.random(vocab=13, d_model=16, n_layers=2, h=4, n_kv_heads=2, rng=0)
+    >>> tokens = np.array([3, 1, 4, 1, 5])
+    >>> full = dec.forward(tokens)                      # (T, vocab)
+    >>> cache = ContiguousCache(dec)
+    >>> chunked = np.concatenate([dec.step(tokens[:2], cache), dec.step(tokens[2:], cache)])
+    >>> full.shape, bool(np.allclose(full, chunked))
+    ((5, 13), True)
+    """
+
+    def __init__(self, embedding, layers, norm_final, W_out, eps: float = 1e-5):
+        self.embedding = np.asarray(embedding)
+        self.layers = list(layers)
+        self.norm_final = np.asarray(norm_final)
+        self.W_out = np.asarray(W_out)
+        self.eps = float(eps)
+        for layer in self.layers:
+            layer.eps = self.eps
+        self.vocab, self.d_model = self.embedding.shape
+
+    # ------------------------------------------------------------------ building one
+    @classmethod
+    def random(cls, vocab, d_model, n_layers, h, n_kv_heads=None, d_ff=None, *, rng=None,
+               rope="half", dtype=np.float64):
+        """A decoder with random weights (for tests and for timing a wider model).
+
+        Weights ~ N(0, 1/fan_in), norms 1; ``d_ff`` defaults to ``4 * d_model``.
+        """
+        func = "Decoder.random"
+        vocab, d_model, n_layers, h = (validate_positive_int(func, name, n) for name, n in
+                                       (("vocab", vocab), ("d_model", d_model),
+                                        ("n_layers", n_layers), ("h", h)))
+        d_ff = 4 * d_model if d_ff is None else validate_positive_int(func, "d_ff", d_ff)
+        rng = np.random.default_rng(rng)
+
+        def normal(n_in, n_out):
+            return (rng.normal(size=(n_in, n_out)) / np.sqrt(n_in)).astype(dtype)
+
+        layers = []
+        for _ in range(n_layers):
+            attn = MultiHeadAttention(d_model, h, n_kv_heads=n_kv_heads, rope=rope, rng=rng)
+            for name, W in attn.parameters().items():
+                setattr(attn, name, W.astype(dtype))
+            ones = np.ones(d_model, dtype)
+            layers.append(DecoderLayer(attn, ones, ones, normal(d_model, d_ff),
+                                       normal(d_model, d_ff), normal(d_ff, d_model)))
+        embedding = rng.normal(size=(vocab, d_model)).astype(dtype)
+        return cls(embedding, layers, np.ones(d_model, dtype), normal(d_model, vocab))
+
+    @classmethod
+    def from_model(cls, model):
+        """The decoder of a model with lesson 09's structure, read by duck typing.
+
+        The model needs ``blocks`` (each with ``attn``, a :class:`MultiHeadAttention`, the two
+        norm weights and the MLP weights) or an equivalent parameter dict; see
+        :func:`decoder_weights_of` for the names tried.
+        """
+        return cls(*decoder_weights_of(model))
+
+    # -------------------------------------------------------------------- running it
+    @property
+    def n_layers(self) -> int:
+        return len(self.layers)
+
+    def _tokens(self, func: str, tokens) -> np.ndarray:
+        tokens = np.asarray(tokens)
+        if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
+            raise fail(func, f"tokens has shape {tokens.shape} and dtype {tokens.dtype}; "
+                             "expected a 1-d array of token ids")
+        if tokens.size and (tokens.min() < 0 or tokens.max() >= self.vocab):
+            raise fail(func, f"token ids must lie in 0..{self.vocab - 1}; got "
+                             f"{tokens.min()}..{tokens.max()}")
+        return tokens
+
+    def forward(self, tokens) -> np.ndarray:
+        """Logits of every position, the whole sequence at once: tokens (T,) -> (T, vocab)."""
+        tokens = self._tokens("Decoder.forward", tokens)
+        x = self.embedding[tokens]  # (T, d_model)
+        mask = causal_mask(len(tokens))
+        for layer in self.layers:
+            x = x + layer.attn.forward(rms_norm(x, layer.norm_attn, self.eps), mask=mask)[0]
+            x = x + layer.mlp(x)
+        return rms_norm(x, self.norm_final, self.eps) @ self.W_out
+
+    def step(self, tokens, cache) -> np.ndarray:
+        """Logits of ``tokens`` (T,) appended to ``cache`` -> (T, vocab); the cache grows by T."""
+        return self.step_many([tokens], [cache])[0]
+
+    def step_batch(self, tokens, cache: ContiguousCache) -> np.ndarray:
+        """``batch`` sequences of equal length at once: tokens (B, T) over a
+        ``ContiguousCache(decoder, batch=B)`` -> logits (B, T, vocab).
+
+        One matrix product per weight for all ``B·T`` tokens and one batched attention: the
+        decode step whose time lesson 10 §1 measures against the batch size.
+        """
+        tokens = np.asarray(tokens)
+        if tokens.ndim != 2:
+            raise fail("Decoder.step_batch", f"tokens has shape {tokens.shape}; expected (B, T)")
+        x = self.embedding[tokens]  # (B, T, d_model)
+        for li, layer in enumerate(self.layers):
+            attn = layer.attn
+            a = rms_norm(x, layer.norm_attn, self.eps)
+            q = split_heads(a @ attn.W_q, attn.h)  # (B, h, T, d_k)
+            k = split_heads(a @ attn.W_k, attn.n_kv_heads)  # (B, g, T, d_k)
+            v = split_heads(a @ attn.W_v, attn.n_kv_heads)
+            x = x + merge_heads(cache.attend(li, q, k, v)) @ attn.W_o
+            x = x + layer.mlp(x)
+        cache.advance(tokens.shape[1])
+        return rms_norm(x, self.norm_final, self.eps) @ self.W_out
+
+    def step_many(self, chunks, caches, last_only: bool = False) -> list[np.ndarray]:
+        """One pass over a ragged batch: ``chunks[i]`` (T_i,) appended to ``caches[i]``.
+
+        The projections and MLPs of all ``ΣT_i`` tokens are one matrix product per weight, as in
+        a server's flattened batch; attention is per sequence, by its cache.
+
+        Returns
+        -------
+        list of ndarray
+            ``(T_i, vocab)`` logits per chunk, or ``(vocab,)`` of its last token with
+            ``last_only=True`` (a server samples from the last position only).
+        """
+        func = "Decoder.step_many"
+        if len(chunks) != len(caches):
+            raise fail(func, f"{len(chunks)} chunks but {len(caches)} caches; one cache each")
+        chunks = [self._tokens(func, c) for c in chunks]
+        if any(len(c) == 0 for c in chunks):
+            raise fail(func, "every chunk needs at least one token")
+        bounds = np.cumsum([0] + [len(c) for c in chunks])
+        x = self.embedding[np.concatenate(chunks)]  # (N, d_model), N = ΣT_i
+        for li, layer in enumerate(self.layers):
+            attn = layer.attn
+            a = rms_norm(x, layer.norm_attn, self.eps)
+            q_all, k_all, v_all = (a @ W if b is None else a @ W + b for W, b in (
+                (attn.W_q, attn.b_q), (attn.W_k, attn.b_k), (attn.W_v, attn.b_v)))
+            heads = []
+            for i, cache in enumerate(caches):
+                s = slice(bounds[i], bounds[i + 1])
+                q = split_heads(q_all[s], attn.h)  # (h, T_i, d_k)
+                k = split_heads(k_all[s], attn.n_kv_heads)  # (g, T_i, d_k)
+                v = split_heads(v_all[s], attn.n_kv_heads)  # (g, T_i, d_v)
+                heads.append(merge_heads(cache.attend(li, q, k, v)))  # (T_i, h*d_v)
+            out = np.concatenate(heads) @ attn.W_o  # (N, d_model)
+            x = x + (out if attn.b_o is None else out + attn.b_o)
+            x = x + layer.mlp(x)
+        for cache, chunk in zip(caches, chunks, strict=True):
+            cache.advance(len(chunk))
+        if last_only:
+            x = x[bounds[1:] - 1]  # (n_chunks, d_model): the last token of each chunk
+            return list(rms_norm(x, self.norm_final, self.eps) @ self.W_out)
+        logits = rms_norm(x, self.norm_final, self.eps) @ self.W_out  # (N, vocab)
+        return [logits[bounds[i]:bounds[i + 1]] for i in range(len(chunks))]
+
+    # ------------------------------------------------------------------- sizes
+    def parameters(self) -> dict[str, np.ndarray]:
+        """Every weight by name, as lesson 09's ``GPT.parameters()`` names them (``W_E``,
+        ``L{i}.attn_norm``, ``L{i}.W_q`` .. ``L{i}.W_down``, ``norm_f``, ``W_U``)."""
+        params = {"W_E": self.embedding}
+        for i, l in enumerate(self.layers):
+            params[f"L{i}.attn_norm"] = l.norm_attn
+            params.update({f"L{i}.{name}": W for name, W in l.attn.parameters().items()})
+            params.update({f"L{i}.mlp_norm": l.norm_mlp, f"L{i}.W_gate": l.W_gate,
+                           f"L{i}.W_up": l.W_up, f"L{i}.W_down": l.W_down})
+        return {**params, "norm_f": self.norm_final, "W_U": self.W_out}
+
+    def parameter_count(self, embedding: bool = True) -> int:
+        """Parameters; ``embedding=False`` leaves out the embedding table, of which a step
+        reads only the rows of its tokens."""
+        n = sum(p.size for p in self.parameters().values())
+        return n - (0 if embedding else self.embedding.size)
+
+    def weight_bytes(self) -> int:
+        """Bytes a decode step reads for the weights: all but the embedding table."""
+        return self.parameter_count(embedding=False) * self.embedding.dtype.itemsize
+
+
+def generate_alone(decoder: Decoder, prompt, n_new: int, *, temperature: float = 0.0,
+                   seed=None) -> list[int]:
+    """Generate ``n_new`` tokens after ``prompt`` for one request alone (the reference).
+
+    Prefill the prompt in one chunk over a :class:`ContiguousCache`, then one token at a time:
+    greedy (``temperature=0``) or sampled with ``sample_token(logits, temperature, rng)`` from
+    ``np.random.default_rng(seed)``, one uniform number per token.
+    """
+    rng = np.random.default_rng(seed)
+    cache = ContiguousCache(decoder)
+    logits = decoder.step(np.asarray(prompt), cache)[-1]
+    out = []
+    for _ in range(n_new):
+        token = sample_token(logits, temperature, rng)
+        out.append(token)
+        if len(out) < n_new:
+            logits = decoder.step(np.array([token]), cache)[-1]
+    return out
+
+
+def probabilities(logits, temperature: float = 1.0) -> np.ndarray:
+    """softmax(logits / temperature), over the last axis."""
+    z = np.asarray(logits, dtype=np.float64) / temperature
+    z = np.exp(z - z.max(axis=-1, keepdims=True))
+    return z / z.sum(axis=-1, keepdims=True)
+
+
+def sample_token(logits, temperature: float, rng) -> int:
+    """Greedy (``temperature=0``: the argmax) or one draw by the inverse CDF of one uniform."""
+    if temperature == 0:
+        return int(np.argmax(logits))
+    cdf = np.cumsum(probabilities(logits, temperature))
+    return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(cdf) - 1))
+
+
+def decoder_weights_of(model):
+    """``(embedding, layers, norm_final, W_out, eps)`` of a model built like lesson 09's GPT.
+
+    Duck typing, so the serving wing never imports the models wing: the model's
+    ``parameters()`` dict names ``W_E`` (vocab, d_model), per block ``i`` ``L{i}.attn_norm``,
+    ``L{i}.mlp_norm``, ``L{i}.W_gate``, ``L{i}.W_up``, ``L{i}.W_down``, then ``norm_f`` and
+    ``W_U`` (d_model, vocab); ``model.blocks[i]`` is block ``i``'s
+    :class:`~mha_course.MultiHeadAttention` (whose ``W_q`` .. ``W_o`` are ``L{i}.W_q`` ..);
+    ``model.config.eps`` is RMSNorm's epsilon. The arrays are shared, not copied.
+
+    Raises
+    ------
+    ValueError
+        If the model lacks one of these.
+    """
+    func = "Decoder.from_model"
+    try:
+        params, blocks = model.parameters(), list(model.blocks)
+        eps = float(getattr(model.config, "eps", 1e-5))
+        layers = [DecoderLayer(attn, params[f"L{i}.attn_norm"], params[f"L{i}.mlp_norm"],
+                               params[f"L{i}.W_gate"], params[f"L{i}.W_up"],
+                               params[f"L{i}.W_down"], eps)
+                  for i, attn in enumerate(blocks)]
+        return params["W_E"], layers, params["norm_f"], params["W_U"], eps
+    except (AttributeError, KeyError, TypeError) as err:
+        raise fail(func, f"cannot read the weights of a {type(model).__name__} ({err!r}); "
+                         "expected lesson 09's GPT: parameters() with W_E, L{i}.attn_norm, "
+                         "L{i}.mlp_norm, L{i}.W_gate, L{i}.W_up, L{i}.W_down, norm_f, W_U, "
+                         "and blocks, one MultiHeadAttention each") from None

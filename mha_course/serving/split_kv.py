@@ -1,0 +1,124 @@
+"""Flash-Decoding (split-KV): one query over a long cache, split into chunks and combined.
+
+Taught in ``notebooks/10_serving.ipynb`` (§5); the combine is lesson 07's log-sum-exp
+(:func:`~mha_course.tiled_attention` with ``return_lse=True``). Dao, Haziza, Massa & Sizov,
+*Flash-Decoding for long-context inference* (PyTorch blog, October 2023): a decode step has one
+query per head, so FlashAttention's parallelism over batch × heads × query blocks gives a
+GPU only ``batch · heads`` pieces of work, far fewer than its SMs at batch 1. Splitting the
+cache's keys into ``n_splits`` chunks makes ``batch · heads · n_splits`` pieces; each returns
+its partial output ``o_j`` (normalised over its own keys) and log-sum-exp ``ℓ_j``, and one
+small reduction combines them exactly::
+
+    out = Σ_j exp(ℓ_j - ℓ) o_j,   ℓ = log Σ_j exp(ℓ_j)
+
+(the weights ``exp(ℓ_j - ℓ)`` are each chunk's share of the softmax's denominator).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .._validate import fail, validate_positive_int
+from ..heads import group_heads, kv_for_groups, merge_heads, split_heads, ungroup_heads
+from ..tiled import tiled_attention
+from .decoder import rotate
+
+
+def chunk_bounds(S: int, n_splits: int) -> list[tuple[int, int]]:
+    """``n_splits`` contiguous chunks of ``S`` keys, as equal as possible (none empty).
+
+    Examples
+    --------
+    >>> chunk_bounds(10, 3)
+    [(0, 3), (3, 7), (7, 10)]
+    """
+    n = validate_positive_int("chunk_bounds", "n_splits", n_splits)
+    if n > S:
+        raise fail("chunk_bounds", f"n_splits={n} is more than the S={S} keys to split")
+    edges = np.linspace(0, S, n + 1).round().astype(int)
+    return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:], strict=True)]
+
+
+def split_kv_partials(q, k, v, n_splits: int):
+    """Each chunk's partial attention: ``(outs, lses)``, one entry per chunk.
+
+    q (..., h, T, d_k) over k (..., g, S, d_k), v (..., g, S, d_v), query head ``i`` reading
+    K/V head ``i // (h/g)``; no mask (every cached key is visible to a decoding query).
+    ``outs[j]`` (..., h, T, d_v) is normalised over chunk ``j``'s keys only, ``lses[j]``
+    (..., h, T) the log-sum-exp of its scaled scores.
+    """
+    g = k.shape[-3]
+    outs, lses = [], []
+    for a, b in chunk_bounds(k.shape[-2], n_splits):
+        out, lse = tiled_attention(group_heads(q, g), kv_for_groups(k[..., a:b, :]),
+                                   kv_for_groups(v[..., a:b, :]), block_size=max(1, b - a),
+                                   return_lse=True)  # (..., g, h/g, T, d_v), (..., g, h/g, T)
+        outs.append(ungroup_heads(out))
+        lses.append(ungroup_heads(lse[..., None])[..., 0])
+    return outs, lses
+
+
+def combine_partials(outs, lses):
+    """Merge chunks' partial outputs by their log-sum-exps: ``(out, lse)`` of all the keys.
+
+    Examples
+    --------
+    >>> from mha_course import scaled_dot_product_attention
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = (rng.normal(size=shape) for shape in ((4, 1, 8), (4, 50, 8), (4, 50, 6)))
+    >>> out, _ = combine_partials(*split_kv_partials(q, k, v, n_splits=5))
+    >>> bool(np.allclose(out, scaled_dot_product_attention(q, k, v)[0]))
+    True
+    """
+    L = np.stack(lses)  # (n_splits, ..., h, T)
+    m = L.max(axis=0)
+    w = np.exp(L - m)  # each chunk's share of the softmax denominator, up to exp(m)
+    total = w.sum(axis=0)
+    out = (w[..., None] * np.stack(outs)).sum(axis=0) / total[..., None]
+    return out, m + np.log(total)
+
+
+def split_kv_decode_step(layer, x_t, cache, n_splits: int):
+    """``layer.decode_step(x_t, cache)``'s output, its attention done by split-KV chunks.
+
+    Projects the new token, rotates it at ``cache.tokens_seen`` and appends its key and value
+    to the :class:`~mha_course.KVCache` (as ``decode_step`` does), then attends over the cache
+    in ``n_splits`` chunks and combines them. x_t (..., 1, d_model) -> out_t (..., 1, d_model).
+    """
+    pos = cache.tokens_seen
+    q = rotate(layer, split_heads(x_t @ layer.W_q, layer.h), pos)  # (..., h, 1, d_k)
+    k = rotate(layer, split_heads(x_t @ layer.W_k, layer.n_kv_heads), pos)  # (..., g, 1, d_k)
+    v = split_heads(x_t @ layer.W_v, layer.n_kv_heads)
+    cache.append(k, v)
+    out, _ = combine_partials(*split_kv_partials(q, cache.keys, cache.values, n_splits))
+    return merge_heads(out) @ layer.W_o
+
+
+def occupancy(batch: int, heads: int, n_splits: int, sms: int) -> float:
+    """Share of a GPU's SMs that ``batch · heads · n_splits`` thread blocks keep busy.
+
+    One block per SM at a time (the usual case for attention kernels): the blocks run in
+    ``ceil(work / sms)`` waves, and the SMs idle for what the last wave leaves empty.
+
+    Examples
+    --------
+    >>> [round(occupancy(batch=1, heads=8, n_splits=s, sms=132), 3) for s in (1, 16, 17)]
+    [0.061, 0.97, 0.515]
+    """
+    work = batch * heads * n_splits
+    return work / (sms * math.ceil(work / sms))
+
+
+def splits_to_fill(batch: int, heads: int, sms: int) -> int:
+    """The most chunks that still fit one wave: ``sms // (batch · heads)`` (at least 1).
+
+    One more chunk would start a second wave that leaves most SMs idle (:func:`occupancy`).
+
+    Examples
+    --------
+    >>> splits_to_fill(1, 8, 132), splits_to_fill(64, 8, 132)
+    (16, 1)
+    """
+    return max(1, sms // (batch * heads))

@@ -1,0 +1,117 @@
+"""The checks of lesson 10's exercises: each passes the solution, lets the stub through, and
+names each classic mistake. (``tests/test_checks.py`` runs its generic tests, pass / stub /
+None / exception, over :data:`CORRECT_10` too.)"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from mha_course import checks
+from mha_course.checks import CheckFailed
+from mha_course.serving.roofline import decode_step_cost
+
+# ------------------------------------------------------------------ correct implementations
+
+
+def _bytes(config, batch, context, bytes_per_value=2, embedding=False, h_for_g=False,
+           batch_weights=False):
+    L, d, h = (config[k] for k in ("num_hidden_layers", "hidden_size", "num_attention_heads"))
+    g = h if h_for_g else config["num_key_value_heads"]
+    d_head = config.get("head_dim", d // h)
+    d_ff, V = config["intermediate_size"], config["vocab_size"]
+    per_layer = 2 * d * h * d_head + 2 * d * config["num_key_value_heads"] * d_head
+    per_layer += 3 * d * d_ff + 2 * d
+    head = V * d + (V * d if embedding and not config.get("tie_word_embeddings") else 0)
+    weights = (L * per_layer + d + head) * bytes_per_value * (batch if batch_weights else 1)
+    return weights, 2 * L * g * d_head * context * batch * bytes_per_value
+
+
+def _critical(config, context, gpu, cache=True, rounding=math.ceil):
+    one = decode_step_cost(config, 1, context)
+    F, W, C = one["flops"], one["weight_bytes"], one["cache_bytes"] if cache else 0
+    beta = gpu["flops_per_s"] / gpu["bytes_per_s"]
+    if F <= beta * C:
+        return None
+    b = max(1, rounding(beta * W / (F - beta * C)))
+    if rounding is math.ceil:
+        while b > 1 and (b - 1) * F >= beta * (W + (b - 1) * C):
+            b -= 1
+        while b * F < beta * (W + b * C):
+            b += 1
+    return b
+
+
+def _best(alpha, c, k_max=16, free=False, off_by_one=False):
+    def speed(k):
+        e = k + (0 if off_by_one else 1)
+        tokens = e if alpha == 1 else (1 - alpha ** e) / (1 - alpha)
+        return tokens / (1 if free else k * c + 1)
+
+    k = max(range(1, k_max + 1), key=speed)
+    return k, speed(k)
+
+
+def _tree(parents, n_cached, causal=False, index_positions=False, one_too_far=False):
+    N = len(parents)
+    tree, depth = np.eye(N, dtype=bool), np.zeros(N, dtype=int)
+    for j, p in enumerate(parents):
+        tree[j] |= tree[p] if p >= 0 else False
+        depth[j] = depth[p] + 1 if p >= 0 else 1
+    if causal:
+        tree = np.tril(np.ones((N, N), bool))
+    pos = n_cached + np.arange(N) if index_positions else n_cached - 1 + depth + one_too_far
+    return np.concatenate([np.ones((N, n_cached), bool), tree], axis=1), pos
+
+
+CORRECT_10 = {
+    "10.1": ("check_decode_step_bytes", _bytes),
+    "10.2": ("check_critical_batch", _critical),
+    "10.3": ("check_best_draft_length", _best),
+    "10.4": ("check_tree_verification", _tree),
+}
+
+# ----------------------------------------------------------------------- named mistakes
+MISTAKES = [
+    ("10.1", lambda c, b, n, bytes_per_value=2: _bytes(c, b, n, bytes_per_value, embedding=True),
+     "counted the embedding table"),
+    ("10.1", lambda c, b, n, bytes_per_value=2: _bytes(c, b, n, bytes_per_value, h_for_g=True),
+     "you used num_attention_heads"),
+    ("10.1", lambda c, b, n, bytes_per_value=2: _bytes(c, b, n, bytes_per_value,
+                                                       batch_weights=True),
+     "read once for the whole batch"),
+    ("10.2", lambda c, n, g: _critical(c, n, g, cache=False), "you left out the cache"),
+    ("10.2", lambda c, n, g: _critical(c, n, g, rounding=lambda x: int(math.floor(x))),
+     "round up"),
+    ("10.3", lambda a, c, k_max=16: _best(a, c, k_max, free=True), "left out the draft's cost"),
+    ("10.3", lambda a, c, k_max=16: _best(a, c, k_max, off_by_one=True),
+     "the accepted drafts AND the target's own token"),
+    ("10.4", lambda p, n: _tree(p, n, causal=True), "lets a node see its siblings"),
+    ("10.4", lambda p, n: _tree(p, n, index_positions=True), "its depth after the cache"),
+    ("10.4", lambda p, n: _tree(p, n, one_too_far=True), "n_cached - 1 + depth"),
+]
+
+
+@pytest.mark.parametrize("ex, wrong, named", MISTAKES,
+                         ids=[f"{ex}-{named[:24]}" for ex, _, named in MISTAKES])
+def test_each_classic_mistake_is_named(ex, wrong, named, capsys):
+    with pytest.raises(CheckFailed) as info:
+        getattr(checks, CORRECT_10[ex][0])(wrong)
+    message = str(info.value)
+    assert message.startswith(f"Exercise {ex}: ") and named in message, message
+    assert capsys.readouterr().out == ""
+
+
+def test_the_solutions_pass(capsys):
+    for ex, (name, fn) in CORRECT_10.items():
+        getattr(checks, name)(fn)
+        assert capsys.readouterr().out.startswith(f"Exercise {ex} passed: ")
+
+
+def test_forbidden_helpers_are_refused():
+    from mha_course.serving.roofline import critical_batch
+
+    with pytest.raises(CheckFailed, match=r"Exercise 10.2 asks you to solve for the batch"):
+        checks.check_critical_batch(lambda c, n, g: critical_batch(c, n, g))

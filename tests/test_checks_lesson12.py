@@ -1,0 +1,123 @@
+"""Lesson 12's exercise checks name each classic mistake.
+
+The generic contract (a right answer passes with one stable line, the stub's
+``NotImplementedError`` passes through, ``None`` and an unexpected exception fail) is tested by
+``tests/test_checks.py``, which takes lesson 12's right answers from :data:`CORRECT_12` here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mha_course
+from mha_course import checks, softmax
+from mha_course.checks import CheckFailed, lesson12
+
+# ------------------------------------------------------------------ correct implementations
+
+
+def _capped(scores, mask, cap, kind="right"):
+    if kind == "after_mask":
+        return softmax(cap * np.tanh(np.where(mask, scores, -np.inf) / cap))
+    capped = {"right": cap * np.tanh(scores / cap), "no_cap": scores,
+              "no_factor": np.tanh(scores / cap), "clip": np.clip(scores, -cap, cap)}[kind]
+    return softmax(capped, mask=mask)
+
+
+def _sink(scores, sinks, kind="right"):
+    col = np.broadcast_to(np.asarray(sinks)[:, None, None], scores.shape[:-1] + (1,))
+    if kind == "renormalised":
+        return softmax(scores)
+    if kind == "linear_sink":
+        return np.exp(scores) / (np.exp(scores).sum(-1, keepdims=True) + col)
+    w = softmax(np.concatenate([scores, col], axis=-1))
+    return w if kind == "kept_column" else w[..., :-1]
+
+
+def _qk(x, h, gain, eps=1e-6, kind="right"):
+    shape = x.shape
+    if kind == "whole_row":
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * np.tile(gain, h)
+    heads = x.reshape(*shape[:-1], h, shape[-1] // h)
+    axis = -3 if kind == "tokens" else -1
+    if kind == "layer_norm":
+        heads = heads - heads.mean(-1, keepdims=True)
+    out = heads / np.sqrt((heads * heads).mean(axis, keepdims=True) + eps)
+    return (out if kind == "no_gain" else out * gain).reshape(shape)
+
+
+def _delta(S, k, v, beta, kind="right"):
+    if kind == "linear":
+        return S + beta * np.outer(k, v)
+    if kind == "read_Sk":
+        return S + beta * np.outer(k, v - S @ k)
+    if kind == "beta_outside":
+        return S + np.outer(k, beta * v - k @ S)
+    if kind == "transposed":
+        return (S + beta * np.outer(k, v - k @ S)).T
+    return S + beta * np.outer(k, v - k @ S)
+
+
+CORRECT_12 = {
+    "12.1": ("check_capped_weights", _capped),
+    "12.2": ("check_sink_softmax", _sink),
+    "12.3": ("check_qk_norm_fused", _qk),
+    "12.4": ("check_delta_write", _delta),
+}
+
+
+def test_every_lesson12_check_has_a_right_answer_here():
+    assert set(lesson12.__all__) == {name for name, _ in CORRECT_12.values()}
+    assert set(lesson12.__all__) <= set(checks.__all__)
+
+
+def _kind(f, kind):
+    return lambda *a: f(*a, kind=kind)
+
+
+MISTAKES = [
+    ("cap-after-mask", "check_capped_weights", _kind(_capped, "after_mask"),
+     r"the cap is applied after the mask"),
+    ("cap-missing", "check_capped_weights", _kind(_capped, "no_cap"), r"the scores are not capped"),
+    ("cap-no-factor", "check_capped_weights", _kind(_capped, "no_factor"),
+     r"tanh\(s/c\) without the factor c"),
+    ("cap-clip", "check_capped_weights", _kind(_capped, "clip"), r"a hard clip is not a soft cap"),
+    ("cap-calls-the-package", "check_capped_weights",
+     lambda s, m, c: softmax(mha_course.logit_control.soft_cap(s, c), mask=m),
+     r"asks you to write the cap yourself"),
+    ("sink-renormalised", "check_sink_softmax", _kind(_sink, "renormalised"),
+     r"dropped and the rest renormalised"),
+    ("sink-linear", "check_sink_softmax", _kind(_sink, "linear_sink"), r"as sink, not exp\(sink\)"),
+    ("sink-kept-column", "check_sink_softmax", _kind(_sink, "kept_column"),
+     r"the sink's column is still there"),
+    ("qk-whole-row", "check_qk_norm_fused", _kind(_qk, "whole_row"), r"OLMo 2's QK-norm"),
+    ("qk-tokens", "check_qk_norm_fused", _kind(_qk, "tokens"), r"runs over the tokens"),
+    ("qk-no-gain", "check_qk_norm_fused", _kind(_qk, "no_gain"), r"the gain is missing"),
+    ("qk-layer-norm", "check_qk_norm_fused", _kind(_qk, "layer_norm"), r"that is LayerNorm"),
+    ("delta-linear", "check_delta_write", _kind(_delta, "linear"), r"linear attention's write"),
+    ("delta-read-Sk", "check_delta_write", _kind(_delta, "read_Sk"), r"the read is S k"),
+    ("delta-beta-outside", "check_delta_write", _kind(_delta, "beta_outside"),
+     r"beta scales the whole write"),
+    ("delta-transposed", "check_delta_write", _kind(_delta, "transposed"),
+     r"np.outer\(k, error\)"),
+]
+
+
+@pytest.mark.parametrize(("name", "check", "fn", "match"), MISTAKES, ids=[m[0] for m in MISTAKES])
+def test_each_named_mistake_is_recognised(name, check, fn, match):
+    with pytest.raises(CheckFailed, match=match):
+        getattr(checks, check)(fn)
+
+
+@pytest.mark.parametrize("ex", sorted(CORRECT_12))
+def test_right_answers_pass_and_the_stub_is_not_attempted(ex, capsys):
+    name, fn = CORRECT_12[ex]
+    getattr(checks, name)(fn)
+    assert f"Exercise {ex} passed" in capsys.readouterr().out
+
+    def stub(*args):
+        raise NotImplementedError("exercise " + ex)
+
+    with pytest.raises(NotImplementedError):
+        getattr(checks, name)(stub)

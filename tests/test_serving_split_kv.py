@@ -1,0 +1,52 @@
+"""Split-KV (Flash-Decoding): any split of the cache, combined by log-sum-exp, equals
+decode_step; the occupancy arithmetic."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mha_course import MultiHeadAttention, scaled_dot_product_attention
+from mha_course.serving.split_kv import (
+    chunk_bounds,
+    combine_partials,
+    occupancy,
+    split_kv_decode_step,
+    split_kv_partials,
+    splits_to_fill,
+)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(1, 30), st.integers(1, 8), st.sampled_from([(8, 4, 2), (12, 3, 1), (8, 2, 2)]),
+       st.sampled_from([None, "half", "interleaved"]), st.integers(0, 999))
+def test_split_kv_decoding_equals_decode_step(T, n_splits, dims, rope, seed):
+    d_model, h, g = dims
+    layer = MultiHeadAttention(d_model, h, n_kv_heads=g, rope=rope, rng=seed)
+    plain, split = layer.init_cache(batch_shape=(2,)), layer.init_cache(batch_shape=(2,))
+    x = np.random.default_rng(seed).normal(size=(T, 2, 1, d_model))
+    for t in range(T):
+        want, _ = layer.decode_step(x[t], plain)
+        got = split_kv_decode_step(layer, x[t], split, min(n_splits, t + 1))
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_combining_partials_gives_the_whole_softmax_and_its_lse():
+    rng = np.random.default_rng(0)
+    q, k, v = rng.normal(size=(3, 1, 4)), rng.normal(size=(3, 23, 4)), rng.normal(size=(3, 23, 5))
+    out, lse = combine_partials(*split_kv_partials(q, k, v, 4))
+    np.testing.assert_allclose(out, scaled_dot_product_attention(q, k, v)[0], atol=1e-12)
+    scores = q @ k.swapaxes(-1, -2) / 2.0
+    np.testing.assert_allclose(lse, np.log(np.exp(scores).sum(-1)), atol=1e-12)
+
+
+def test_chunks_and_occupancy():
+    assert chunk_bounds(7, 7) == [(i, i + 1) for i in range(7)]
+    with pytest.raises(ValueError, match="chunk_bounds: n_splits=8 is more than the S=7"):
+        chunk_bounds(7, 8)
+    assert occupancy(1, 8, 1, 132) == pytest.approx(8 / 132)
+    assert occupancy(64, 8, 1, 132) == pytest.approx(512 / (132 * 4))
+    assert splits_to_fill(1, 8, 132) == 16 and occupancy(1, 8, 16, 132) == pytest.approx(128 / 132)
+    assert occupancy(1, 8, 17, 132) < 0.6  # 136 blocks: a second wave for 4 of them
