@@ -1,10 +1,9 @@
-"""Lesson 13's drill, part four (the 2025 attention block from lesson 12, 13.27 and 13.28): every
+"""Lesson 13's drill, part five (the 2025 attention block from lesson 12, 13.25 and 13.26): every
 broken function fails its check naming the property it breaks, the solution passes, and each
 named wrong fix is recognised.
 
 The broken functions and the solutions are read from the notebook a learner sees:
-``solutions/13_interview_drill.ipynb`` once these exercises are in it, until then lesson 12's
-fragment ``drill_parts/lesson12_solutions.ipynb``. The generic contract is tested by
+``solutions/13_interview_drill.ipynb``. The generic contract is tested by
 ``tests/test_checks.py`` over :data:`CORRECT_13_BLOCK2025`.
 """
 
@@ -21,13 +20,12 @@ from mha_course import checks
 from mha_course.checks import CheckFailed, lesson13_block2025, properties
 
 ROOT = Path(__file__).resolve().parent.parent
-CHECKS = {"13.27": "check_softcap_before_mask", "13.28": "check_per_head_qk_norm"}
+CHECKS = {"13.25": "check_softcap_before_mask", "13.26": "check_per_head_qk_norm"}
 
 
 def _cells():
-    """{exercise: {role: source}} for 13.27-13.28, from the drill or lesson 12's fragment."""
-    for path in (ROOT / "solutions" / "13_interview_drill.ipynb",
-                 ROOT / "drill_parts" / "lesson12_solutions.ipynb"):
+    """{exercise: {role: source}} for 13.25-13.26, from the drill's solutions."""
+    for path in (ROOT / "solutions" / "13_interview_drill.ipynb",):
         found: dict[str, dict[str, str]] = {}
         if path.is_file():
             for cell in nbformat.read(path, as_version=4).cells:
@@ -37,7 +35,7 @@ def _cells():
                     found.setdefault(info["exercise"], {})[role] = cell.source
         if sorted(found) == sorted(CHECKS):
             return found
-    raise AssertionError("exercises 13.27-13.28 are in neither the drill nor the fragment")
+    raise AssertionError("exercises 13.25-13.26 are not in the drill's solutions")
 
 
 def _define(source: str, prefix: str):
@@ -51,7 +49,7 @@ def _define(source: str, prefix: str):
 CELLS = _cells()
 CORRECT_13_BLOCK2025 = {ex: (name, _define(CELLS[ex]["solution"], ""))
                         for ex, name in CHECKS.items()}
-BROKEN_PROPERTY = {"13.27": properties.MASKED_ZERO, "13.28": lesson13_block2025.PER_HEAD}
+BROKEN_PROPERTY = {"13.25": properties.MASKED_ZERO, "13.26": lesson13_block2025.PER_HEAD}
 
 
 def test_every_check_is_exported_and_has_a_broken_and_a_solved_version():

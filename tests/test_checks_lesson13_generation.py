@@ -1,10 +1,9 @@
-"""Lesson 13's drill, part three (generation bugs from lesson 09, 13.16 to 13.18): every broken
+"""Lesson 13's drill, part two (generation bugs from lesson 09, 13.16 to 13.18): every broken
 function fails its check naming the property it breaks, the solution passes, and each named
 wrong fix is recognised.
 
 The broken functions and the solutions are read from the notebook a learner sees:
-``solutions/13_interview_drill.ipynb`` once these exercises are in it, until then lesson 09's
-fragment ``drill_parts/lesson09_solutions.ipynb``. The generic contract (one stable success
+``solutions/13_interview_drill.ipynb``. The generic contract (one stable success
 line, the stub passes through as "not attempted", ``None`` and exceptions fail) is tested by
 ``tests/test_checks.py`` over :data:`CORRECT_13_GENERATION`.
 """
@@ -28,8 +27,7 @@ CHECKS = {"13.16": "check_nucleus", "13.17": "check_temperature",
 
 def _cells():
     """{exercise: {role: source}} for 13.16-13.18, from the drill or lesson 09's fragment."""
-    for path in (ROOT / "solutions" / "13_interview_drill.ipynb",
-                 ROOT / "drill_parts" / "lesson09_solutions.ipynb"):
+    for path in (ROOT / "solutions" / "13_interview_drill.ipynb",):
         found: dict[str, dict[str, str]] = {}
         if path.is_file():
             for cell in nbformat.read(path, as_version=4).cells:

@@ -1,10 +1,9 @@
-"""Lesson 13's drill, part three (13.24 to 13.26, from lesson 11): each broken function fails
+"""Lesson 13's drill, part four (13.22 to 13.24, from lesson 11): each broken function fails
 its check naming the property it breaks, the solution passes, each known wrong fix is named,
 and the stub is "not attempted".
 
-The broken functions and solutions are read from the cells a learner sees: lesson 11's drill
-fragment ``drill_parts/lesson11_solutions.ipynb`` until it is folded into
-``solutions/13_interview_drill.ipynb``, then from there. The generic contract (one stable success
+The broken functions and solutions are read from the cells a learner sees, in
+``solutions/13_interview_drill.ipynb``. The generic contract (one stable success
 line, ``None`` and exceptions fail) is tested by ``tests/test_checks.py`` over
 :data:`CORRECT_13_PARALLEL`.
 """
@@ -23,11 +22,10 @@ from mha_course.checks import CheckFailed, lesson13_parallel
 from mha_course.parallel.collectives import Cluster
 
 ROOT = Path(__file__).resolve().parent.parent
-FRAGMENT = ROOT / "drill_parts" / "lesson11_solutions.ipynb"
-NOTEBOOK = FRAGMENT if FRAGMENT.is_file() else ROOT / "solutions" / "13_interview_drill.ipynb"
+NOTEBOOK = ROOT / "solutions" / "13_interview_drill.ipynb"
 
-CHECKS = {"13.24": "check_row_parallel_bias", "13.25": "check_packed_documents",
-          "13.26": "check_lse_merge"}
+CHECKS = {"13.22": "check_row_parallel_bias", "13.23": "check_packed_documents",
+          "13.24": "check_lse_merge"}
 
 
 def _cells():
@@ -69,8 +67,8 @@ def test_the_solution_passes(ex, capsys):
     assert capsys.readouterr().out.startswith(f"Exercise {ex} passed: ")
 
 
-PROPERTY = {"13.24": lesson13_parallel.TP_EQUAL, "13.25": lesson13_parallel.DOCS,
-            "13.26": lesson13_parallel.MERGE}
+PROPERTY = {"13.22": lesson13_parallel.TP_EQUAL, "13.23": lesson13_parallel.DOCS,
+            "13.24": lesson13_parallel.MERGE}
 
 
 @pytest.mark.parametrize("ex", sorted(CHECKS))

@@ -1,10 +1,9 @@
-"""Lesson 13's serving drill (13.20 to 13.22): every broken function fails its check naming the
+"""Lesson 13's serving drill (13.19 to 13.21): every broken function fails its check naming the
 property it breaks, the solution passes, each known wrong fix is named, the stub is "not
 attempted".
 
-The cells are read from ``solutions/13_interview_drill.ipynb`` once the drill holds them, else
-from the fragment ``drill_parts/lesson10_solutions.ipynb`` they are delivered in, so what is
-tested is what is shipped. The generic contract (one stable success line, the stub passes
+The cells are read from ``solutions/13_interview_drill.ipynb``, so what is tested is what is
+shipped. The generic contract (one stable success line, the stub passes
 through, ``None`` and exceptions fail) is tested by ``tests/test_checks.py`` over
 :data:`CORRECT_13_SERVING`.
 """
@@ -26,16 +25,15 @@ from mha_course.serving.decoder import ContiguousCache
 
 ROOT = Path(__file__).resolve().parent.parent
 DRILL = ROOT / "solutions" / "13_interview_drill.ipynb"
-FRAGMENT = ROOT / "drill_parts" / "lesson10_solutions.ipynb"
-CHECKS = {"13.20": "check_prefix_keys", "13.21": "check_speculative_rollback",
-          "13.22": "check_speculative_residual"}
-BROKEN_PROPERTY = {"13.20": lesson13_serving.PREFIX, "13.21": lesson13_serving.SPEC_GREEDY,
-                   "13.22": lesson13_serving.SPEC_SAMPLE}
+CHECKS = {"13.19": "check_prefix_keys", "13.20": "check_speculative_rollback",
+          "13.21": "check_speculative_residual"}
+BROKEN_PROPERTY = {"13.19": lesson13_serving.PREFIX, "13.20": lesson13_serving.SPEC_GREEDY,
+                   "13.21": lesson13_serving.SPEC_SAMPLE}
 
 
 def _cells():
     found: dict[str, dict[str, str]] = {}
-    for path in (DRILL, FRAGMENT):
+    for path in (DRILL,):
         if not path.exists():
             continue
         for cell in nbformat.read(path, as_version=4).cells:
@@ -137,16 +135,16 @@ def verify_unnormalised(p, q, x):
 
 
 WRONG_FIXES = [
-    ("13.20", keys_with_the_index, lesson13_serving.PREFIX, "vllm-project/vllm PR #12603"),
-    ("13.20", keys_of_partial_blocks_too, lesson13_serving.FULL, "only the full blocks"),
-    ("13.20", keys_never_equal, lesson13_serving.HITS, None),
-    ("13.21", functools.partial(_speculative, keep=lambda n, a: n + a),
+    ("13.19", keys_with_the_index, lesson13_serving.PREFIX, "vllm-project/vllm PR #12603"),
+    ("13.19", keys_of_partial_blocks_too, lesson13_serving.FULL, "only the full blocks"),
+    ("13.19", keys_never_equal, lesson13_serving.HITS, None),
+    ("13.20", functools.partial(_speculative, keep=lambda n, a: n + a),
      lesson13_serving.SPEC_GREEDY, "lablup/mlxcel#994"),
-    ("13.21", functools.partial(_speculative, keep=lambda n, a: 0), lesson13_serving.SPEC_GREEDY,
+    ("13.20", functools.partial(_speculative, keep=lambda n, a: 0), lesson13_serving.SPEC_GREEDY,
      "paiml/aprender PR #2014"),
-    ("13.22", verify_from_p, lesson13_serving.SPEC_SAMPLE, "SafeAILab/EAGLE#329"),
-    ("13.22", verify_adjusting_one_token, lesson13_serving.SPEC_SAMPLE, "SafeAILab/EAGLE#20"),
-    ("13.22", verify_unnormalised, lesson13_serving.DIST, "normalise the residual"),
+    ("13.21", verify_from_p, lesson13_serving.SPEC_SAMPLE, "SafeAILab/EAGLE#329"),
+    ("13.21", verify_adjusting_one_token, lesson13_serving.SPEC_SAMPLE, "SafeAILab/EAGLE#20"),
+    ("13.21", verify_unnormalised, lesson13_serving.DIST, "normalise the residual"),
 ]
 
 
