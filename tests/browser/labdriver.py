@@ -125,12 +125,14 @@ def wait_for_kernel(page, server, path: str, timeout: float = 60.0) -> str:
         page.wait_for_timeout(250)
 
 
-def run_all(page, path: str, timeout: float = 120.0) -> None:
+def run_all(page, path: str, timeout: float = 300.0) -> None:
     """Clear the outputs, run every cell with ``runmenu:run-all``, wait until all finished.
 
     The command's promise resolves before the cells have run, and the kernel goes idle between
     cells, so finished means: no prompt shows ``[*]``, the kernel is idle, and every non-empty
     code cell has an execution count (or, when run-all stopped at an error, none changed for 3 s).
+    ``timeout`` guards against a hang, not a slow machine: lesson 09 needs about 40 CPU seconds,
+    which a busy machine stretches past two minutes.
     """
     page.evaluate(
         f"""async (path) => {{ {_FIND}
