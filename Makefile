@@ -15,7 +15,8 @@ NOTEBOOKS := $(filter-out $(APPENDICES),$(wildcard notebooks/*.ipynb)) $(wildcar
 NBVAL := -m pytest --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg \
     -p no:cacheprovider
 
-.PHONY: help lab app test lint unit nbval exercises notebook check assign bench clean-venv
+.PHONY: help lab app test lint unit nbval exercises notebook check assign grade bench clean-venv \
+    nbgrader
 
 help:
 	@echo "make lab    set up .venv and open the course in JupyterLab (127.0.0.1, token auth)"
@@ -23,6 +24,8 @@ help:
 	@echo "make test   set up .venv with the test extras and run every test"
 	@echo "make check EX=03   check your exercises/03_*.ipynb against the solutions"
 	@echo "make exercises     regenerate exercises/ from solutions/"
+	@echo "make assign IDS=\"3.1 3.2 4.5\" OUT=hw1.ipynb [TITLE=... DUE=2025-03-14 POINTS=04.5=4 FORCE=1]"
+	@echo "make grade SUBMISSIONS=folder ASSIGNMENT=hw1.assignment.json [CSV=grades.csv FEEDBACK=dir]"
 	@echo "make notebook NB=notebooks/05_x.ipynb   (maintainers) execute a notebook in place, tidied"
 	@echo "make bench         run the benchmarks (needs the reference extra; ARGS=--quick)"
 
@@ -56,6 +59,19 @@ app: $(VENV)/.installed-app
 	JUPYTER_PATH="$(CURDIR)/mha_course/widgets/voila_app$(if $(JUPYTER_PATH),:$(JUPYTER_PATH))" \
 	$(BIN)/voila notebooks/app.ipynb --Voila.config_file_paths="$(CURDIR)/mha_course/widgets/voila_app" \
 	    --port=$(APP_PORT) --token --Voila.log_level=INFO
+
+# nbgrader, for the nbgrader export's tests (tests/test_export_nbgrader.py): in an environment of its
+# own, so that its JupyterLab extensions stay out of `make lab`. It borrows .venv's packages (a .pth
+# file), so only nbgrader and what it adds are installed. `make test` skips those tests without it,
+# unless MHA_COURSE_REQUIRE_NBGRADER=1 (CI).
+NBGRADER_VENV := .venv-nbgrader
+NBGRADER_VERSION := 0.9.6
+nbgrader: $(NBGRADER_VENV)/bin/nbgrader
+$(NBGRADER_VENV)/bin/nbgrader: $(VENV)/.installed-test
+	$(BIN)/python -m venv $(NBGRADER_VENV)
+	$(NBGRADER_VENV)/bin/python -c "import sysconfig; open(sysconfig.get_path('purelib') + '/mha-course-venv.pth', 'w').write('import site; site.addsitedir(%r)\n' % '$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')')"
+	$(NBGRADER_VENV)/bin/python -m pip install -q nbgrader==$(NBGRADER_VERSION)
+	touch $@
 
 # ruff lints the notebooks' code cells too (lessons, solutions, generated exercises).
 lint: $(VENV)/.installed-test
@@ -93,12 +109,27 @@ notebook: $(VENV)/.installed-test
 
 # The report says what passed; `|| true` keeps make from adding its own "Error 1" line under it
 # (scripts that need the exit code run `python -m mha_course check --lesson NN` directly).
-check: $(VENV)/.installed-test
+check: $(VENV)/.installed
 	@$(BIN)/python -m mha_course check --lesson "$(EX)" || true
 
-# make assign IDS="01.1 03.2 04.4" OUT=homework1.ipynb  (refuses to overwrite OUT)
+# make assign IDS="3.1 3.2 4.5" OUT=homework1.ipynb  writes homework1.ipynb and, beside it,
+# homework1.assignment.json (refuses to overwrite them unless FORCE=1). TITLE, DUE (ISO 8601)
+# and POINTS ("04.5=4,03.1=2"; default: the stars) are optional.
 assign: $(VENV)/.installed
-	$(BIN)/python -m mha_course assign $(IDS) -o $(or $(OUT),$(error pass OUT=file.ipynb))
+	$(BIN)/python -m mha_course assign $(IDS) -o $(or $(OUT),$(error pass OUT=file.ipynb)) \
+	    $(if $(TITLE),--title "$(TITLE)") $(if $(DUE),--due "$(DUE)") \
+	    $(if $(POINTS),--points "$(POINTS)") $(if $(filter 1,$(FORCE)),--force)
+
+# make grade SUBMISSIONS=downloads/week2 ASSIGNMENT=homework1.assignment.json: every submission
+# graded against the assignment, 2 at a time; the gradebook CSV (default results.csv, a new name
+# if it exists) and, with FEEDBACK=dir, one feedback file per student. ARGS passes more options
+# (--roster roster.csv --deadline --excel --timeout 60). Exit code: 0 graded, 1 some submission
+# unreadable, 2 a usage error (see `python -m mha_course check --help`).
+grade: $(VENV)/.installed
+	$(BIN)/python -m mha_course check "$(or $(SUBMISSIONS),$(error pass SUBMISSIONS=folder))" \
+	    --assignment "$(or $(ASSIGNMENT),$(error pass ASSIGNMENT=file.assignment.json))" \
+	    --jobs $(or $(JOBS),2) $(if $(CSV),--csv "$(CSV)") \
+	    $(if $(FEEDBACK),--feedback "$(FEEDBACK)") $(ARGS)
 
 # Benchmarks print ratios measured in one run; they are not tests. Needs the reference extra.
 bench: $(VENV)/.installed-test

@@ -77,6 +77,10 @@ def test_runtime_packages_are_the_ones_the_course_needs():
     pip = runtime_names(load_pyproject()["project"]["dependencies"])
     assert {"numpy", "matplotlib", "ipywidgets", "jupyterlab"} <= pip
     assert "torch" not in pip  # torch is the optional 'reference' extra, not a runtime need
+    # the checker installs with the course (a `make lab` environment checks and grades), the
+    # browser tools do not
+    assert {"nbval", "pytest", "nbformat", "psutil", "pyzmq"} <= pip
+    assert not {"playwright", "voila", "hypothesis", "ruff"} & pip
 
 
 def test_environment_reader_agrees_with_yaml():

@@ -20,17 +20,21 @@ import io
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
+import uuid
 from pathlib import Path
 
 import nbformat
 import psutil
 import pytest
 
+from mha_course.grading import check as check_module
 from mha_course.grading import sandbox
 from mha_course.grading.check import Checker
 from mha_course.grading.cli import main
@@ -87,10 +91,15 @@ def test_the_bwrap_command_hides_what_it_must_and_binds_only_the_runs_folders(tm
         assert f"--tmpfs {solutions}" in text and f"--remount-ro {solutions}" in text
     assert f"--tmpfs {in_tmp}" not in text  # inside /tmp: already hidden by the private /tmp
     assert "--remount-ro /tmp " not in text  # the private /tmp stays the kernel's to write
-    lib, work = folders.lib.resolve(), folders.work.resolve()
-    assert f"--ro-bind {lib} {lib}" in text and f"--bind {work} {work}" in text
+    lib, kernel = folders.lib.resolve(), folders.kernel.resolve()
+    assert f"--ro-bind {lib} {lib}" in text and f"--bind {kernel} {kernel}" in text
+    assert str(folders.work.resolve()) not in text  # it works in its private /tmp instead
     assert "--tmpfs / " not in text + " "  # "/" itself is never hidden
-    assert args[args.index("--chdir") + 1] == str(work) and args[-1] == "--"
+    assert args[args.index("--chdir") + 1] == "/tmp/work" and args[-1] == "--"
+    assert "--dir /tmp/work" in text and "--unshare-cgroup-try" in text
+    sized = bwrap_command("/usr/bin/bwrap", folders, disk=12345)
+    assert sized[sized.index("--size") + 1:sized.index("--size") + 4] == [
+        "12345", "--tmpfs", "/tmp"]  # the disk limit bounds /tmp, the home and working folder
     if os.geteuid() == 0:
         assert "--cap-drop ALL" in text  # root without capabilities cannot remount rw
 
@@ -141,6 +150,47 @@ def test_the_checker_hides_the_checkout_solutions_home_and_submissions(tmp_path)
     assert {ROOT, solutions, Path.home(), tmp_path} <= hidden | {Path.cwd()}
     assert checker.isolation.library.files["mha_course/checks/harness.py"] == (
         ROOT / "mha_course" / "checks" / "harness.py").read_bytes()
+
+
+def test_the_guard_restores_changed_and_deleted_files_and_keeps_what_it_found(tmp_path):
+    nb = nbformat.writes(nbformat.v4.new_notebook()).encode()
+    files = {name: tmp_path / name for name in ("ada.ipynb", "bob.ipynb", "mine.ipynb",
+                                                "gone.ipynb", "checks.py")}
+    for name, path in files.items():
+        path.write_bytes(b"x = 1\n" if name.endswith(".py") else nb)
+    os.utime(files["ada.ipynb"], ns=(10**18, 10**18))
+    guard = sandbox.FileGuard(restore=True)
+    for name, path in files.items():
+        guard.add(path, own=name in ("mine.ipynb", "gone.ipynb"))
+    assert guard.verify(("zed.ipynb",)) == []
+    files["ada.ipynb"].write_text("{}")  # a classmate's notebook emptied by a submission
+    files["checks.py"].write_text("x = 2\n")  # the grader's file
+    files["mine.ipynb"].write_bytes(nb.replace(b'"cells": []', b'"cells": [] '))  # a save
+    files["gone.ipynb"].unlink()  # a learner's own notebook deleted by their code
+    (tmp_path / "bob.ipynb.changed-during-check").write_text("an older one")
+    files["bob.ipynb"].write_text("not json")
+    changes = {c.path.name: c for c in guard.verify(("zed.ipynb", "amy.ipynb"))}
+    assert sorted(changes) == ["ada.ipynb", "bob.ipynb", "checks.py", "gone.ipynb", "mine.ipynb"]
+    for name in ("ada.ipynb", "bob.ipynb", "gone.ipynb"):
+        assert files[name].read_bytes() == nb and changes[name].restored
+    assert files["checks.py"].read_text() == "x = 1\n"
+    assert files["ada.ipynb"].stat().st_mtime_ns == 10**18  # its time stamp too
+    assert (tmp_path / "ada.ipynb.changed-during-check").read_text() == "{}"
+    assert (tmp_path / "bob.ipynb.changed-during-check").read_text() == "an older one"
+    assert (tmp_path / "bob.ipynb.changed-during-check-2").read_text() == "not json"
+    assert changes["gone.ipynb"].kept is None
+    assert not changes["mine.ipynb"].restored and files["mine.ipynb"].read_bytes() != nb
+    assert changes["ada.ipynb"].describe() == (
+        f"{files['ada.ipynb']}: changed while amy.ipynb, zed.ipynb were being checked; restored "
+        "as it was before the check, the changed bytes kept in ada.ipynb.changed-during-check "
+        "beside it")
+    assert changes["mine.ipynb"].describe().endswith("; left as it is now")
+    assert guard.verify(()) == []  # each change is reported once
+    boxed = sandbox.FileGuard(restore=False)  # in the sandbox only an editor can write them
+    boxed.add(files["checks.py"])
+    files["checks.py"].write_text("x = 3\n")
+    assert [c.restored for c in boxed.verify(())] == [False]
+    assert files["checks.py"].read_text() == "x = 3\n"
 
 
 def test_without_bwrap_the_reason_says_how_to_install_it(monkeypatch):
@@ -248,6 +298,7 @@ def hostile_class(tmp_path, attacks_for) -> tuple[Path, Path, dict]:
     victim = subs / "zoe.ipynb"
     shutil.copy(EXERCISE_03, victim)
     targets = {"victim": victim, "solutions": solutions / EXERCISE_03.name}
+    targets["before"] = {p: p.read_bytes() for p in (victim, targets["solutions"])}
     nb = nbformat.read(EXERCISE_03, as_version=4)
     first = next(i for i, c in enumerate(nb.cells)
                  if c.metadata.get("mha_course", {}).get("role") == "solution")
@@ -335,6 +386,18 @@ def test_each_attack_fails_inside_the_sandbox_with_a_note(sandboxed_attack, need
     assert notes and all(error in line for line in notes), ada
 
 
+@contextlib.contextmanager
+def package_copy(folder: Path):
+    """The checker runs (and guards) a copy of the package in ``folder``, not the checkout's:
+    without the sandbox the checker restores a package file that changed during a run, and an
+    edit made to the checkout while the tests run must not be taken for a submission's."""
+    shutil.copytree(ROOT / "mha_course", folder / "mha_course",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(check_module, "PACKAGE_DIR", folder / "mha_course")
+        yield folder / "mha_course"
+
+
 def test_without_the_sandbox_no_write_changes_a_verdict_and_the_command_says_so(tmp_path):
     """Writes succeed on disk without bwrap; the snapshots keep every verdict honest."""
     def attacks(targets):  # only temporary files here: nothing outside tmp_path is written
@@ -343,8 +406,9 @@ def test_without_the_sandbox_no_write_changes_a_verdict_and_the_command_says_so(
         return [cells[1], cells[2], cells[3]]  # own package copy, solutions, classmate
 
     subs, solutions, targets = hostile_class(tmp_path, attacks)
-    code, out, err = run_cli("check", subs, "--jobs", 1, "--no-sandbox", "--solutions",
-                             solutions, "--csv", tmp_path / "results.csv", cwd=tmp_path)
+    with package_copy(tmp_path / "package"):
+        code, out, err = run_cli("check", subs, "--jobs", 1, "--no-sandbox", "--solutions",
+                                 solutions, "--csv", tmp_path / "results.csv", cwd=tmp_path)
     ada, zoe = ada_and_zoe(out)
     assert zoe.count("not attempted") == N_EXERCISES_03 + 1, zoe
     # its own copy of the package changed on disk, but the checks were loaded before its code
@@ -353,5 +417,147 @@ def test_without_the_sandbox_no_write_changes_a_verdict_and_the_command_says_so(
     assert err.count("learners' code runs WITHOUT a sandbox: --no-sandbox was given") == 1
     assert "warning: these files changed on disk during the check" in err
     assert str(targets["solutions"]) in err and str(targets["victim"]) in err
-    assert json.loads(targets["solutions"].read_text()) == {}
-    assert code == 1
+    # both written files were put back after the attacker's run; what it wrote is kept beside
+    for path in (targets["solutions"], targets["victim"]):
+        assert f"{path}: changed while " in err and "restored as it was before the check" in err
+        assert path.read_bytes() == targets["before"][path]
+    kept = targets["solutions"].with_name(targets["solutions"].name + ".changed-during-check")
+    assert json.loads(kept.read_text()) == {}
+    assert code == 0  # a folder's run: every submission read and graded, whatever its score
+
+
+# ------------------------------------------------------------------ stopping a command
+
+
+HUNG = "def double(x):\n    while True:\n        pass"
+
+
+def hung_notebook(tmp_path) -> Path:
+    from mha_course.grading.generate import generate
+
+    exercises = tmp_path / "exercises"
+    generate(ROOT / "tests" / "data" / "solutions", exercises)
+    nb = nbformat.read(exercises / "98_fixture.ipynb", as_version=4)
+    for cell in nb.cells:
+        meta = cell.metadata.get("mha_course", {})
+        if meta.get("role") == "solution" and meta["exercise"] == "98.1":
+            cell.source = HUNG
+    path = tmp_path / "hung.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
+def tagged(tag: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("MHA_COURSE_TEST_TAG") == tag and proc.status() != "zombie":
+                found.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def spins(proc: psutil.Process) -> bool:
+    """Whether ``proc`` is the kernel (not bwrap or the launcher) and has spun for 1 s."""
+    try:
+        cmd = proc.cmdline()
+        return (cmd[:3] == [sys.executable, "-m", "mha_course.grading.kernel"]
+                and proc.cpu_times().user > 1.0)
+    except (psutil.Error, OSError, IndexError):
+        return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_stops_a_run_with_a_hung_kernel_at_once_and_leaves_nothing(tmp_path, sig):
+    """Ctrl-C took 22 s and printed a traceback; SIGTERM left pytest, bwrap and a kernel
+    spinning, and temporary folders behind (issue 26)."""
+    notebook = hung_notebook(tmp_path)
+    tag, tmp = uuid.uuid4().hex, tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp), "MHA_COURSE_TEST_TAG": tag}
+    proc = subprocess.Popen([sys.executable, "-m", "mha_course", "check", notebook,
+                             "--solutions", ROOT / "tests" / "data" / "solutions",
+                             "--timeout", "600"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while True:  # until the kernel spins in the learner's loop
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            if any(spins(p) for p in tagged(tag)):
+                break
+            time.sleep(0.2)
+        assert len(tagged(tag)) >= 3  # the command, pytest and the kernel (and bwrap)
+        start = time.monotonic()
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+        took = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + sig
+    lines = [ln for ln in err.splitlines() if not ln.startswith("note: ")]
+    assert lines == [f"stopped by {signal.Signals(sig).name}: 1 run in progress stopped, their "
+                     "processes killed and temporary folders removed"], err
+    assert took < 2.0, f"stopping took {took:.2f} s"
+    for _ in range(50):  # killed processes vanish once their parent or init reaps them
+        if not tagged(tag):
+            break
+        time.sleep(0.1)
+    assert tagged(tag) == []
+    assert list(tmp.iterdir()) == []
+
+
+# ------------------------------------------------------- a checkout and a Python under /tmp
+
+
+@pytest.fixture
+def checkout_in_tmp():
+    """The course (package, solutions, test fixtures) copied under /tmp, with a virtual
+    environment of its own there: a learner's ``git clone ... /tmp/x && cd /tmp/x && make``.
+    The environment borrows this one's packages (a .pth file), so nothing is installed."""
+    base = Path(tempfile.mkdtemp(prefix="mha-course-clone-", dir="/tmp"))
+    try:
+        clone = base / "x"
+        for part in ("mha_course", "solutions", "exercises", "tests/data"):
+            shutil.copytree(ROOT / part, clone / part,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        shutil.copy(ROOT / "tests" / "nbval_sanitize.cfg", clone / "tests")
+        venv = clone / ".venv"
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
+        purelib = subprocess.run([venv / "bin" / "python", "-c",
+                                  "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                                 capture_output=True, text=True, check=True).stdout.strip()
+        ours = [p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()]
+        Path(purelib, "borrowed.pth").write_text(
+            "".join(f"import site; site.addsitedir({p!r})\n" for p in ours))
+        yield clone, venv / "bin" / "python"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_checkout_under_tmp_is_sandboxed_and_its_errors_are_one_line(checkout_in_tmp):
+    """The probe hid the checkout's own .venv under the private /tmp, so a fresh clone in
+    /tmp ran unsandboxed and the one-line error test failed there (issue 25)."""
+    require_sandbox()
+    clone, python = checkout_in_tmp
+    broken = clone / "broken.ipynb"
+    broken.write_text('{"cells": [')
+    fixtures = clone / "tests" / "data" / "solutions"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    probe = subprocess.run([python, "-c", "import sys, mha_course; print(sys.prefix, "
+                            "mha_course.__file__)"], cwd=clone, capture_output=True, text=True,
+                           env=env, check=True)
+    assert probe.stdout.split() == [str(clone / ".venv"), str(clone / "mha_course" /
+                                                                "__init__.py")]
+    out = subprocess.run([python, "-m", "mha_course", "check", broken, "--solutions", fixtures],
+                         cwd=clone, capture_output=True, text=True, env=env)
+    assert out.returncode == 2
+    assert out.stdout == "" and out.stderr.startswith(f"error: {broken}: not a notebook: the "
+                                                      "file is not valid JSON")
+    assert out.stderr.count("\n") == 1, out.stderr  # no "WITHOUT a sandbox" note either
+    out = subprocess.run([python, "-m", "mha_course", "check", fixtures / "98_fixture.ipynb",
+                          "--solutions", fixtures], cwd=clone, capture_output=True, text=True,
+                         env=env)
+    assert "WITHOUT a sandbox" not in out.stderr, out.stderr
+    assert "2 of 2 passed." in out.stdout, out.stdout + out.stderr

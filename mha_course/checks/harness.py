@@ -25,7 +25,7 @@ A new check, in outline (the lesson modules hold twenty real ones)::
 
     def check_scores(fn) -> None:  # Exercise 05.1: scores(q, k) = q kᵀ / √d_k, (B, T, S)
         ex = "05.1"
-        q, k, _ = attention_probes(np.random.default_rng(501))
+        q, k, _ = attention_probes(check_rng(501))
         want = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
         got = call(ex, fn, (q, k), ("q", "k"), hint=attention_hint,
                    forbid={"mha_course.scaled_dot_product_attention": "scale the scores yourself"})
@@ -47,7 +47,8 @@ import warnings
 import numpy as np
 
 from .. import MultiHeadAttention
-from .forbid import CallWatch, find_in_source, rules_for
+from .forbid import CallWatch, Rule, Use, find_in_source, rules_for
+from .measure import PROBE, check_rng, traced  # noqa: F401  (the lessons import check_rng here)
 
 RTOL, ATOL = 1e-6, 1e-9
 NAN_GENERIC = ("NaN and inf come from 0/0, inf/inf, inf - inf or a log of 0 or less; print "
@@ -191,7 +192,8 @@ def quiet(make):
         return None
 
 
-def call(ex: str, fn, args: tuple, names: tuple, kwargs=None, hint=None, forbid=None):
+def call(ex: str, fn, args: tuple, names: tuple, kwargs=None, hint=None, forbid=None,
+         inplace: bool = True, who: str = "your function", measure: dict | None = None):
     """Call the learner's ``fn`` on copies; turn its exceptions and side effects into words.
 
     Parameters
@@ -213,6 +215,17 @@ def call(ex: str, fn, args: tuple, names: tuple, kwargs=None, hint=None, forbid=
         that completes "Exercise NN.M asks you to ...". A use of one, in the function's source
         or in a call it makes, fails with ``Exercise NN.M asks you to <phrase>; your answer
         calls <name>`` (see :mod:`mha_course.checks.forbid`).
+    inplace : bool
+        Whether changing an argument in place fails (a decode step must change its cache).
+    who : str
+        How messages name ``fn`` ("your function raised ...").
+    measure : dict, optional
+        Receives ``"peak"``: the most memory (bytes, tracemalloc) the call held above what was
+        held when it started.
+
+    In grading mode ``fn`` is the grader's handle on a function in the learner's kernel (it
+    has ``mha_course_remote_call``): the call, the forbidden-call watch and the in-place test
+    run there, and everything else here, as for a local function.
 
     Returns
     -------
@@ -234,45 +247,69 @@ def call(ex: str, fn, args: tuple, names: tuple, kwargs=None, hint=None, forbid=
             f"expected your function, got {type(fn).__name__}: pass the function itself "
             "(check_x(my_function)), not the result of calling it",
         )
+    forbid = forbid or {}
+    remote = getattr(fn, "mha_course_remote_call", None)
+    if remote is not None:  # grading mode: the learner's kernel calls it, this process judges
+        outcome = remote(args, kwargs, forbid=list(forbid), inplace=inplace,
+                         measure=measure is not None)
+        if measure is not None:
+            measure["peak"] = outcome.get("peak", 0)
+        found, error = outcome.get("found"), outcome.get("error")
+        if found is not None and found[0] in forbid:
+            rule = Rule(found[0], forbid[found[0]])
+            raise CheckFailed(Use(rule, found[1], found[2], found[3]).message(ex))
+        if error is not None:
+            _raised(ex, error, args, kwargs, hint, who)
+        changed = [i for i in outcome.get("changed", []) if 0 <= i < len(args) + len(kwargs)]
+        if changed:
+            raise _changed(ex, (list(names) + list(kwargs))[changed[0]])
+        return outcome.get("value")
     rules = rules_for(forbid) if forbid else []
     use = find_in_source(fn, rules)
     if use is not None:
         raise CheckFailed(use.message(ex))
     watch = CallWatch(rules)
-    pristine = copy.deepcopy((args, kwargs))
+    pristine = copy.deepcopy((args, kwargs)) if inplace else None
     try:
-        with warnings.catch_warnings(), np.errstate(all="ignore"):
+        with warnings.catch_warnings(), np.errstate(all="ignore"), traced(measure):
             warnings.simplefilter("ignore")
             result = watch.run(fn, args, kwargs) if watch.rules else fn(*args, **kwargs)
-    except NotImplementedError:
-        raise  # the exercise stub (or one it calls): "not attempted yet", not a mistake
-    except CheckFailed:
-        raise
     except Exception as exc:
-        if watch.found is not None:
+        if watch.found is not None and not isinstance(exc, (NotImplementedError, CheckFailed)):
             raise CheckFailed(watch.found.message(ex)) from exc
-        called = ", ".join(
-            [describe(a) for a in args] + [f"{k}={describe(v)}" for k, v in kwargs.items()]
-        )
-        extra = hint(exc) if hint else None
-        raise fail(
-            ex,
-            f"your function raised {type(exc).__name__}: {exc}\n  (called with {called})"
-            + (f"\n  Likely mistake: {extra}" if extra else ""),
-        ) from exc
+        _raised(ex, exc, args, kwargs, hint, who)
     if watch.found is not None:
         raise CheckFailed(watch.found.message(ex))
+    if pristine is None:
+        return result
     for name, before, after in zip(
         list(names) + list(kwargs), list(pristine[0]) + list(pristine[1].values()),
         list(args) + list(kwargs.values()), strict=True,
     ):
         if not equal(before, after):
-            raise fail(
-                ex,
-                f"your function changed its argument `{name}` in place. Work on a new array "
-                "(e.g. `x = x - m` rather than `x -= m`), so the caller's data stays as it was",
-            )
+            raise _changed(ex, name)
     return result
+
+
+def _raised(ex, exc, args, kwargs, hint, who):
+    """Raise what the learner's function raised, in the check's words (the stub unchanged)."""
+    if isinstance(exc, (NotImplementedError, CheckFailed)):
+        raise exc  # the exercise stub (or one it calls): "not attempted yet", not a mistake
+    called = ", ".join(
+        [describe(a) for a in args] + [f"{k}={describe(v)}" for k, v in kwargs.items()]
+    )
+    extra = hint(exc) if hint else None
+    raise fail(
+        ex,
+        f"{who} raised {type(exc).__name__}: {exc}\n  (called with {called})"
+        + (f"\n  Likely mistake: {extra}" if extra else ""),
+    ) from exc
+
+
+def _changed(ex, name) -> CheckFailed:
+    return fail(ex, f"your function changed its argument `{name}` in place. Work on a new array "
+                    "(e.g. `x = x - m` rather than `x -= m`), so the caller's data stays as it "
+                    "was")
 
 
 def describe(a) -> str:

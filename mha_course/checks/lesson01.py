@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 
 from ..naive import matmul as naive_matmul
-from .harness import CheckFailed, call, compare, describe, fail, fmt_shape, passed
+from .harness import CheckFailed, call, check_rng, compare, describe, fail, fmt_shape, passed
 from .variants import attention_hint
 
 __all__ = [
@@ -35,7 +35,7 @@ _LOOPS_ONLY = {
 def check_matmul_loops(fn) -> None:
     """Exercise 01.1: ``matmul(a, b)`` of lists of lists with three Python loops."""
     ex = "01.1"
-    rng = np.random.default_rng(101)
+    rng = check_rng(101)
     for m, n, p in ((3, 5, 4), (4, 1, 3), (1, 2, 1)):
         a = rng.integers(-4, 5, size=(m, n)).tolist()
         b = rng.integers(-4, 5, size=(n, p)).tolist()
@@ -80,7 +80,7 @@ def check_matmul_loops(fn) -> None:
 def check_most_similar(fn) -> None:
     """Exercise 01.2: ``most_similar(queries, keys)``: index of the key with the largest dot."""
     ex = "01.2"
-    rng = np.random.default_rng(102)
+    rng = check_rng(102)
     probes = [(rng.normal(size=(3, 4)), rng.normal(size=(5, 4)) * np.array([[0.4], [1.0], [2.5],
                                                                             [0.7], [1.6]])),
               (rng.normal(size=(6, 9)), rng.normal(size=(4, 9)) * np.array([[2.0], [0.3], [1.2],
@@ -115,7 +115,7 @@ def check_most_similar(fn) -> None:
 def check_batched_scores(fn) -> None:
     """Exercise 01.3: ``batched_scores(Q, K)``: Q Kᵀ for every batch and head, (B, h, T, S)."""
     ex = "01.3"
-    rng = np.random.default_rng(103)
+    rng = check_rng(103)
     for B, h, T, S, d in ((2, 3, 4, 5, 6), (1, 4, 2, 3, 5)):
         Q = rng.normal(size=(B, h, T, d))
         K = rng.normal(size=(B, h, S, d))

@@ -16,6 +16,7 @@ from .. import causal_mask, padding_mask, scaled_dot_product_attention
 from .harness import (
     attention_probes,
     call,
+    check_rng,
     compare,
     compare_pair,
     describe,
@@ -53,7 +54,7 @@ _OWN_PADDING = {"mha_course.padding_mask": "build the padding mask yourself, wit
 def check_attention_scores(fn) -> None:
     """Exercise 03.1: ``attention_scores(q, k)`` = q kᵀ / √d_k, (..., T, S)."""
     ex = "03.1"
-    rng = np.random.default_rng(301)
+    rng = check_rng(301)
     probes = [(rng.normal(size=(2, 3, 4)), rng.normal(size=(2, 5, 4)), "(B, T, S)"),
               (rng.normal(size=(3, 9)), rng.normal(size=(5, 9)), "(T, S)"),
               (rng.normal(size=(2, 2, 3, 16)), rng.normal(size=(2, 2, 5, 16)), "(B, h, T, S)")]
@@ -86,7 +87,7 @@ _FULL_NAN = ("a fully masked query row gives NaN: its max is -inf and -inf - (-i
 def check_attention(fn) -> None:
     """Exercise 03.2: ``attention(q, k, v, mask=None)`` -> (out, weights)."""
     ex = "03.2"
-    rng = np.random.default_rng(302)
+    rng = check_rng(302)
     q, k, v = attention_probes(rng)
     mask = random_mask(rng, (2, 3, 5))
     full = random_mask(rng, (2, 3, 5), full_rows=((0, 1),))
@@ -270,7 +271,7 @@ def _self_variants(x, W_q, W_k, W_v, lengths):
 def check_causal_self_attention(fn) -> None:
     """Exercise 03.5: ``causal_self_attention(x, W_q, W_k, W_v, lengths)``, the bugs fixed."""
     ex = "03.5"
-    rng = np.random.default_rng(305)
+    rng = check_rng(305)
     probes = [(2, 5, 8, 4, 6, [3, 5]), (3, 6, 10, 6, 3, [6, 2, 4]), (1, 4, 6, 6, 5, [4])]
     for B, T, d_model, d_k, d_v, lengths in probes:
         x = rng.normal(size=(B, T, d_model))
@@ -319,7 +320,7 @@ _SCALE_MISTAKES = [
 def check_choose_scale(fn) -> None:
     """Exercise 03.6: ``choose_scale(q, k)``: c with var(c · q[i]·k[i]) = 1, measured."""
     ex = "03.6"
-    rng = np.random.default_rng(306)
+    rng = check_rng(306)
     probes = [
         ("unit-variance entries, d_k=16", rng.normal(size=(2, 2000, 16))),
         ("unit-variance entries, d_k=64", rng.normal(size=(2, 1500, 64))),

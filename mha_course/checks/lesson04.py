@@ -13,7 +13,17 @@ from itertools import combinations
 import numpy as np
 
 from .. import MultiHeadAttention, causal_mask, merge_heads, param_count, split_heads
-from .harness import call, compare, fail, fmt_shape, pair, passed, rows_sum_to_one, swapped_pair
+from .harness import (
+    call,
+    check_rng,
+    compare,
+    fail,
+    fmt_shape,
+    pair,
+    passed,
+    rows_sum_to_one,
+    swapped_pair,
+)
 from .variants import attention_hint, attention_variant, mha_variant
 
 __all__ = [
@@ -43,7 +53,7 @@ _OWN_LAYER = dict.fromkeys(
 def check_split_heads(fn) -> None:
     """Exercise 04.1: ``split_heads(x, h)``: (B, T, h*d) -> (B, h, T, d)."""
     ex = "04.1"
-    rng = np.random.default_rng(401)
+    rng = check_rng(401)
     for B, T, h, d in ((2, 4, 3, 5), (1, 6, 2, 4)):
         x = rng.normal(size=(B, T, h * d))
         want = split_heads(x, h)
@@ -67,7 +77,7 @@ def check_split_heads(fn) -> None:
 def check_merge_heads(fn) -> None:
     """Exercise 04.2: ``merge_heads(x)``: (B, h, T, d) -> (B, T, h*d)."""
     ex = "04.2"
-    rng = np.random.default_rng(402)
+    rng = check_rng(402)
     for B, h, T, d in ((2, 3, 4, 5), (1, 2, 6, 4)):
         x = rng.normal(size=(B, h, T, d))
         want = merge_heads(x)
@@ -88,7 +98,7 @@ def check_merge_heads(fn) -> None:
 def check_fuse_heads(fn) -> None:
     """Exercise 04.3: ``fuse_heads(W)``: per-head (h, d_model, d_k) -> fused (d_model, h*d_k)."""
     ex = "04.3"
-    rng = np.random.default_rng(403)
+    rng = check_rng(403)
     for h, d_model, d_k in ((3, 10, 6), (4, 6, 2), (1, 5, 3)):
         W = rng.normal(size=(h, d_model, d_k))
         want = MultiHeadAttention.from_per_head(W, W, W, np.zeros((h * d_k, d_model))).W_q
@@ -191,7 +201,7 @@ def _check_mha_config(ex, fn, rng, B, T, d_model, h, d_k, d_v) -> None:
 def check_mha_forward(fn) -> None:
     """Exercise 04.5: ``mha_forward(x, W_q, W_k, W_v, W_o, mask=None)`` -> (out, weights)."""
     ex = "04.5"
-    rng = np.random.default_rng(405)
+    rng = check_rng(405)
     for B, T, d_model, h, d_k, d_v in ((2, 4, 10, 3, 6, 7), (1, 5, 8, 2, 4, 3)):
         _check_mha_config(ex, fn, rng, B, T, d_model, h, d_k, d_v)
     passed(ex, "out (2, 4, 10) and weights (2, 3, 4, 4) match "
@@ -283,7 +293,7 @@ def _check_cross_config(ex, fn, layer, x, context) -> None:
 def check_cross_attention(fn) -> None:
     """Exercise 04.6: ``cross_attention(layer, x, context)`` -> (out, weights)."""
     ex = "04.6"
-    rng = np.random.default_rng(406)
+    rng = check_rng(406)
     for B, T, S, d_model, h, d_k, d_v in ((2, 4, 5, 10, 3, 6, 7), (1, 3, 6, 8, 2, 5, 3),
                                           (2, 4, 4, 12, 4, 2, 3)):
         layer = MultiHeadAttention(d_model, h, d_k=d_k, d_v=d_v, rng=rng)

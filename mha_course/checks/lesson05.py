@@ -22,6 +22,7 @@ from .. import (
 from ..rope_scaling import llama3_frequencies
 from .harness import (
     call,
+    check_rng,
     compare,
     compare_pair,
     fail,
@@ -103,7 +104,7 @@ def _rope_variant(x, positions, exponent=2.0):
 def check_rope_interleaved(fn) -> None:
     """Exercise 05.2: ``rope_interleaved(x, positions)``: pairs (2j, 2j+1) turned by p·θ_j."""
     ex = "05.2"
-    rng = np.random.default_rng(502)
+    rng = check_rng(502)
     probes = [(rng.normal(size=(5, 6)), np.arange(5), "(T, d)"),
               (rng.normal(size=(2, 3, 4, 8)), np.array([7, 0, 3, 12]), "(B, h, T, d)"),
               (rng.normal(size=(3, 2, 10)), np.array([4, 9]), "(h, T, d)")]
@@ -277,7 +278,7 @@ def _heads_hint(exc):
 def check_padded_heads_attention(fn) -> None:
     """Exercise 05.5: ``padded_heads_attention(q, k, v, lengths)`` -> (out, weights)."""
     ex = "05.5"
-    rng = np.random.default_rng(505)
+    rng = check_rng(505)
     for B, h, lengths in ((2, 2, [5, 2]), (3, 2, [3, 5, 1]), (2, 4, [4, 2])):
         T, d_k, d_v = 5, 4, 6
         q, k = rng.normal(size=(2, B, h, T, d_k))
@@ -331,7 +332,7 @@ def _alibi_variant(q, k, v, *, top_left=False, mask="bottom-right", sign=1.0, re
 def check_alibi_chunk_attention(fn) -> None:
     """Exercise 05.6: ``alibi_chunk_attention(q, k, v)``: T new queries over S keys, ALiBi."""
     ex = "05.6"
-    rng = np.random.default_rng(506)
+    rng = check_rng(506)
     for lead, h, T, S in (((), 8, 3, 7), ((2,), 4, 1, 5), ((), 6, 4, 4), ((2,), 2, 2, 9)):
         d_k, d_v = 4, 5
         q = rng.normal(size=(*lead, h, T, d_k))

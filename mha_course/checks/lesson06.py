@@ -25,7 +25,7 @@ from .. import (
 )
 from ..heads import kv_for_groups, ungroup_heads
 from ..model_configs import head_dim
-from .harness import call, compare, compare_pair, fail, fmt_shape, pair, passed
+from .harness import call, check_rng, compare, compare_pair, fail, fmt_shape, pair, passed
 from .variants import attention_hint
 
 __all__ = [
@@ -138,7 +138,7 @@ def _no_cache_variants(layer, x):
 def check_decode_with_cache(fn) -> None:
     """Exercise 06.2: ``decode(layer, x)`` -> outputs (B, T, d_model), one token at a time."""
     ex = "06.2"
-    rng = np.random.default_rng(602)
+    rng = check_rng(602)
     for B, T, d_model, h, d_k, d_v in ((2, 5, 12, 3, 4, 6), (1, 7, 10, 2, 3, 5)):
         layer = MultiHeadAttention(d_model, h, d_k, d_v, rng=rng)
         x = rng.normal(size=(B, T, d_model))
@@ -159,7 +159,7 @@ def check_decode_with_cache(fn) -> None:
 def check_repeat_kv(fn) -> None:
     """Exercise 06.3: ``repeat_kv(k, n_rep)``: (B, g, S, d) -> (B, g*n_rep, S, d)."""
     ex = "06.3"
-    rng = np.random.default_rng(603)
+    rng = check_rng(603)
     for B, g, n_rep, S, d in ((2, 2, 3, 5, 4), (1, 3, 2, 4, 6), (2, 1, 4, 3, 5)):
         k = rng.normal(size=(B, g, S, d))
         # query head i reads K/V head i // n_rep: each K/V head broadcast over its group
@@ -203,7 +203,7 @@ def _streaming_variant(q_t, keys, values, n_sink, window, *, positions="cache", 
 def check_streaming_step(fn) -> None:
     """Exercise 06.4: ``streaming_step(q_t, keys, values, n_sink, window)`` -> (out, weights)."""
     ex = "06.4"
-    rng = np.random.default_rng(604)
+    rng = check_rng(604)
     probes = (((), 2, 10, 4, 4, 6, 5), ((2,), 3, 12, 1, 5, 4, 3), ((), 2, 6, 4, 4, 8, 6),
               ((), 1, 20, 2, 3, 4, 7), ((2,), 2, 1, 4, 4, 6, 4))
     for lead, h, n, n_sink, window, d_k, d_v in probes:
@@ -261,7 +261,7 @@ def check_absorbed_head(fn) -> None:
     """Exercise 06.5: ``absorbed_head(q_nope, q_rope, c, k_rope, W_uk, W_uv)`` -> (out, weights):
     T new queries, the last T of S cached positions, bottom-right causal."""
     ex = "06.5"
-    rng = np.random.default_rng(605)
+    rng = check_rng(605)
     for T, S, d_c, d_k, d_v, d_rope in ((3, 5, 12, 4, 6, 2), (2, 6, 9, 5, 3, 4),
                                          (1, 7, 10, 3, 4, 2)):
         q_nope, q_rope = rng.normal(size=(T, d_k)), rng.normal(size=(T, d_rope))
@@ -322,7 +322,7 @@ def check_chunk_attention(fn) -> None:
     """Exercise 06.6: ``chunk_attention(q, k, v)``: T new queries over S >= T cached keys; one
     new token (T = 1) is tested first, where the top-left mask is worst."""
     ex = "06.6"
-    rng = np.random.default_rng(606)
+    rng = check_rng(606)
     for lead, T, S in (((), 1, 5), ((2,), 3, 7), ((2, 2), 4, 4), ((), 2, 9)):
         q = rng.normal(size=(*lead, T, 4))
         k, v = rng.normal(size=(*lead, S, 4)), rng.normal(size=(*lead, S, 6))

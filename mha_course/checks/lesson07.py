@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import math
 import numbers
-import tracemalloc
 
 import numpy as np
 
 from .. import logsumexp, scaled_dot_product_attention, tiled_attention
-from .harness import call, compare, fail, fmt, fmt_shape, passed
+from .harness import call, check_rng, compare, fail, fmt, fmt_shape, passed
 
 __all__ = [
     "check_block_size_for_cache",
@@ -53,7 +52,7 @@ def _pair(ex, got, what):
 def check_online_update(fn) -> None:
     """Exercise 07.1: ``online_update(m, l, x_block) -> (m_new, l_new)`` for one row."""
     ex = "07.1"
-    rng = np.random.default_rng(701)
+    rng = check_rng(701)
     row = rng.normal(size=11) * 3
     row[7] += 6  # a new maximum arrives in a later block
     probes = [  # (label, seen so far, new block)
@@ -121,7 +120,7 @@ def _partial(q, k, v, keep):
 def check_combine(fn) -> None:
     """Exercise 07.2: ``combine(a, b) -> (m, l, acc)`` of two partial results."""
     ex = "07.2"
-    rng = np.random.default_rng(702)
+    rng = check_rng(702)
     for T, S, d_k, d_v, split in ((3, 7, 4, 5, 3), (5, 6, 2, 2, 4)):
         q, k, v = rng.normal(size=(T, d_k)) * 2, rng.normal(size=(S, d_k)), \
             rng.normal(size=(S, d_v))
@@ -203,7 +202,7 @@ _OWN_TILED = dict.fromkeys(
 def check_tiled_one_head(fn) -> None:
     """Exercise 07.3: ``tiled_one_head(q, k, v, block)`` -> (T, d_v), no (T, S) array."""
     ex = "07.3"
-    rng = np.random.default_rng(703)
+    rng = check_rng(703)
     for T, S, d_k, d_v, block in ((7, 10, 4, 3, 3), (12, 5, 6, 2, 4), (9, 9, 5, 4, 9),
                                   (4, 6, 3, 5, 1)):
         q, k, v = (rng.normal(size=(T, d_k)) * 1.5, rng.normal(size=(S, d_k)),
@@ -231,13 +230,9 @@ def check_tiled_one_head(fn) -> None:
     # Memory: a (T, S) float64 array would be 2 MiB here; the loop should hold far less.
     n, block = 512, 32
     q, k, v = (rng.normal(size=(n, 16)) for _ in range(3))
-    tracemalloc.start()
-    try:
-        start = tracemalloc.get_traced_memory()[0]
-        call(ex, fn, (q, k, v, block), ("q", "k", "v", "block"))
-        peak = tracemalloc.get_traced_memory()[1] - start
-    finally:
-        tracemalloc.stop()
+    measure: dict = {}
+    call(ex, fn, (q, k, v, block), ("q", "k", "v", "block"), measure=measure)
+    peak = measure["peak"]
     full = n * n * 8
     if peak >= full / 2:
         raise fail(ex, f"at T = S = {n}, block={block} your function held {fmt(peak / 2**20)} "
@@ -366,7 +361,7 @@ def _merge_variant(outs, lses, weights="right", lse="right"):
 def check_merge_chunks(fn) -> None:
     """Exercise 07.6: ``merge_chunks(outs, lses) -> (out, lse)`` of the whole key range."""
     ex = "07.6"
-    rng = np.random.default_rng(706)
+    rng = check_rng(706)
     # (T, S, d_k, d_v, chunk starts, score scale, what is special)
     probes = [(2, 10, 4, 5, (0, 4, 7), 1.0, "3 chunks"),
               (5, 12, 3, 2, (0, 3, 6, 9), 1.5, "4 chunks; query 1 has no key in chunk 2"),

@@ -19,7 +19,7 @@ from .. import causal_mask, gradient_check, scaled_dot_product_attention, softma
 from ..backward import attention_backward, softmax_jacobian
 from ..models.specialisation import pattern_score
 from ..models.train import adam_step
-from .harness import call, compare, fail, fmt, fmt_shape, passed
+from .harness import call, check_rng, compare, fail, fmt, fmt_shape, passed
 
 __all__ = [
     "check_adam_step",
@@ -35,7 +35,7 @@ __all__ = [
 def check_softmax_jacobian(fn) -> None:
     """Exercise 08.1: ``softmax_jacobian(p)``: (..., S) -> (..., S, S), diag(p) − p pᵀ."""
     ex = "08.1"
-    rng = np.random.default_rng(801)
+    rng = check_rng(801)
     probes = [("p of shape (5,)", softmax(rng.normal(size=5))),
               ("a batch p of shape (2, 3, 4)", softmax(rng.normal(size=(2, 3, 4)))),
               ("a nearly one-hot p of shape (6,)", softmax(rng.normal(size=6) * 30))]
@@ -95,7 +95,7 @@ def _grads_variant(q, k, v, grad_out, softmax_step="full", scale="divide"):
 def check_attention_grads(fn) -> None:
     """Exercise 08.2: ``attention_grads(q, k, v, grad_out) -> (dq, dv)`` for one head."""
     ex = "08.2"
-    rng = np.random.default_rng(802)
+    rng = check_rng(802)
     for T, S, d_k, d_v in ((3, 5, 4, 6), (4, 2, 7, 3)):
         q, k = rng.normal(size=(T, d_k)), rng.normal(size=(S, d_k))
         v, grad_out = rng.normal(size=(S, d_v)), rng.normal(size=(T, d_v))
@@ -197,7 +197,7 @@ def check_find_bug(fn) -> None:
     ``candidates`` is a list of ``(name, f, x)``: ``f(x) -> (loss, grad)``.
     """
     ex = "08.3"
-    rng = np.random.default_rng(803)
+    rng = check_rng(803)
     for want, what, candidates in _bug_cases(rng):
         errors = {name: gradient_check(f, x, eps=1e-5) for name, f, x in candidates}
         got = call(ex, fn, (candidates,), ("candidates",),
@@ -243,7 +243,7 @@ def _adam_variant(param, grad, m, v, t, lr, beta1, beta2, eps, kind):
 def check_adam_step(fn) -> None:
     """Exercise 08.4: ``adam_step(param, grad, m, v, t, lr, beta1, beta2, eps)``."""
     ex = "08.4"
-    rng = np.random.default_rng(804)
+    rng = check_rng(804)
     probes = [((3,), 1, 0.1, 0.9, 0.999, 1e-8), ((2, 4), 5, 0.01, 0.8, 0.99, 1e-8),
               ((5,), 3, 0.05, 0.9, 0.999, 1e-2)]
     for shape, t, lr, beta1, beta2, eps in probes:
@@ -296,7 +296,7 @@ def _causal_weights(rng, h, T, sharp=1.0):
 def check_previous_token_score(fn) -> None:
     """Exercise 08.5: ``previous_token_score(weights)``: (h, T, T) -> (h,)."""
     ex = "08.5"
-    rng = np.random.default_rng(805)
+    rng = check_rng(805)
     perfect = np.stack([np.eye(6, k=-1), np.eye(6)])  # head 0: previous token; head 1: itself
     perfect[0, 0, 0] = 1.0  # query 0 has only itself to attend to
     probes = [("random causal weights (2, 5, 5)", _causal_weights(rng, 2, 5)),
@@ -370,7 +370,7 @@ def sink_attention_grads(q, k, v, b, grad_out, kind="right"):
 def check_sink_grads(fn) -> None:
     """Exercise 08.6: ``sink_attention_grads(q, k, v, b, grad_out) -> (dq, db)``."""
     ex = "08.6"
-    rng = np.random.default_rng(806)
+    rng = check_rng(806)
     for T, S, d_k, d_v, b in ((3, 5, 4, 6, 0.5), (4, 2, 7, 3, -1.5), (2, 6, 3, 4, 3.0)):
         q, k = rng.normal(size=(T, d_k)), rng.normal(size=(S, d_k))
         v, grad_out = rng.normal(size=(S, d_v)), rng.normal(size=(T, d_v))

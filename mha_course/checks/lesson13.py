@@ -26,6 +26,7 @@ from .harness import (
     CheckFailed,
     as_array,
     call,
+    check_rng,
     compare,
     fail,
     fmt,
@@ -86,7 +87,7 @@ def _pair(ex, got, lead, T, S, d_v, label):
 # ----------------------------------------------------------- 13.1 scaled by d_model, not d_k
 def check_head_scale(fn) -> None:
     """Exercise 13.1: ``multi_head_attention(x, W_q, W_k, W_v, W_o, h)`` -> (out, weights)."""
-    ex, rng = "13.1", np.random.default_rng(901)
+    ex, rng = "13.1", check_rng(901)
     for lead, T, d_model, h, d_k, d_v in (((2,), 5, 12, 3, 4, 6), ((), 4, 10, 2, 3, 5),
                                           ((1,), 3, 8, 4, 6, 2)):
         layer = MultiHeadAttention(d_model, h, d_k, d_v, rng=rng)
@@ -118,7 +119,7 @@ def _head_scale(ex, fn, layer, x):
 # --------------------------------------------------------- 13.2 the causal triangle, off by one
 def check_causal_off_by_one(fn) -> None:
     """Exercise 13.2: ``causal_attention(q, k, v)`` -> (out, weights), T queries over T keys."""
-    ex, rng = "13.2", np.random.default_rng(902)
+    ex, rng = "13.2", check_rng(902)
     for lead, T, d_k, d_v in (((2,), 5, 4, 3), ((), 6, 3, 5), ((2, 1), 1, 2, 4)):
         _causal(ex, fn, rng, *_qkv(rng, lead, T, T, d_k, d_v))
     passed(ex, "each query sees itself and every earlier key, nothing later (T = 5, 6, 1)")
@@ -151,7 +152,7 @@ def _causal(ex, fn, rng, q, k, v):
 # ------------------------------------------------------ 13.3 masking the weights, not the scores
 def check_mask_after_softmax(fn) -> None:
     """Exercise 13.3: ``masked_attention(q, k, v, mask)`` -> (out, weights)."""
-    ex, rng = "13.3", np.random.default_rng(903)
+    ex, rng = "13.3", check_rng(903)
     for lead, T, S, d_k, d_v in (((2,), 3, 5, 4, 6), ((), 4, 4, 3, 2)):
         mask = rng.random((*lead, T, S)) < 0.6
         mask[..., 0] |= ~mask.any(axis=-1)  # every query keeps a key
@@ -188,7 +189,7 @@ def _mask_after(ex, fn, rng, q, k, v, mask):
 # ------------------------------------------------- 13.4 an additive mask built by multiplication
 def check_minus_inf_bias(fn) -> None:
     """Exercise 13.4: ``attention_with_bias(q, k, v, keep)``, keep a float 1.0/0.0 mask."""
-    ex, rng = "13.4", np.random.default_rng(904)
+    ex, rng = "13.4", check_rng(904)
     for lead, T, S, d_k, d_v, dtype in (((2,), 3, 5, 4, 6, np.float64),
                                         ((), 4, 6, 3, 2, np.float64), ((), 3, 4, 4, 3, np.float16)):
         keep = rng.random((*lead, T, S)) < 0.6
@@ -230,7 +231,7 @@ def _bias(ex, fn, q, k, v, keep):
 # -------------------------------------------------- 13.5 a row with nothing to attend to
 def check_fully_masked_rows(fn) -> None:
     """Exercise 13.5: ``masked_softmax(scores, valid_lens)``: scores (B, T, S), lengths (B,)."""
-    ex, rng = "13.5", np.random.default_rng(905)
+    ex, rng = "13.5", check_rng(905)
     for B, T, S, lens in ((3, 2, 5, [5, 0, 2]), (2, 3, 4, [0, 3]), (2, 4, 3, [3, 1])):
         _empty_rows(ex, fn, rng.normal(size=(B, T, S)) * 2, np.array(lens))
     passed(ex, "valid_lens with 0s: masked keys get 0, an empty sequence gets 0s, never a NaN")
@@ -262,7 +263,7 @@ def _empty_rows(ex, fn, scores, lens):
 # ----------------------------------------------------- 13.6 merging heads: reshape, then transpose
 def check_merge_order(fn) -> None:
     """Exercise 13.6: ``attention_layer(x, W_q, W_k, W_v, W_o, h)`` -> (out, weights)."""
-    ex, rng = "13.6", np.random.default_rng(906)
+    ex, rng = "13.6", check_rng(906)
     for lead, T, d_model, h, d_k, d_v in (((), 5, 12, 3, 4, 2), ((2,), 4, 10, 3, 3, 5),
                                           ((3,), 3, 8, 2, 4, 6)):
         layer = MultiHeadAttention(d_model, h, d_k, d_v, rng=rng)
@@ -345,7 +346,7 @@ EVAL = "in evaluation (training=False) dropout changes nothing"
 def check_dropout_scale(fn) -> None:
     """Exercise 13.8: ``attention_dropout(weights, p, rng, training=True)``."""
     ex, n = "13.8", 4000
-    w = softmax(np.random.default_rng(908).normal(size=(3, 4, 5)))
+    w = softmax(check_rng(908).normal(size=(3, 4, 5)))
     for p in (0.1, 0.3):
         args, names = (w, p, 1), ("weights", "p", "rng")  # a seed; a Generator below
         got = call(ex, fn, args, names, forbid={"mha_course.dropout": "write the dropout yourself"})

@@ -25,7 +25,7 @@ from .. import (
 )
 from ..model_configs import MODELS
 from . import properties as P
-from .harness import as_array, call, close, compare, fail, fmt_shape, pair, passed
+from .harness import as_array, call, check_rng, close, compare, fail, fmt_shape, pair, passed
 from .properties import array, require
 from .variants import attention_hint
 
@@ -48,7 +48,7 @@ def check_chunk_mask(fn) -> None:
     First one token at a time (T = 1 over S = 1, 2, ...: decoding), then chunks of several tokens
     over a cache, each time against one causal forward pass without a cache.
     """
-    ex, rng = "13.9", np.random.default_rng(909)
+    ex, rng = "13.9", check_rng(909)
     buffer = np.tril(np.ones((16, 16), dtype=bool))  # precomputed once, like nanoGPT's `bias`
     for lead, n, d_k, d_v in (((2,), 6, 4, 3), ((), 5, 3, 5)):  # decoding: T = 1, explicitly
         q, k, v = (rng.normal(size=(*lead, n, d)) for d in (d_k, d_k, d_v))
@@ -105,7 +105,7 @@ PROMPTS = "prompts are independent: a prompt's outputs do not depend on the prom
 
 def check_cache_reset(fn) -> None:
     """Exercise 13.10: ``run_prompts(layer, prompts)`` -> a list of (T_i, d_model) outputs."""
-    ex, rng = "13.10", np.random.default_rng(910)
+    ex, rng = "13.10", check_rng(910)
     for layer, lengths in ((MultiHeadAttention(12, 3, rope="half", rng=rng), (3, 5, 2)),
                            (MultiHeadAttention(8, 2, 6, 3, rope="interleaved", rng=rng), (4, 4))):
         _prompts(ex, fn, layer, [rng.normal(size=(n, layer.d_model)) for n in lengths])
@@ -167,7 +167,7 @@ GQA_CACHE = "a GQA cache holds the g K/V heads, not h copies"
 
 def check_gqa_prefill(fn) -> None:
     """Exercise 13.11: ``gqa_prefill(layer, x)`` -> (out, (k_cache, v_cache))."""
-    ex, rng = "13.11", np.random.default_rng(911)
+    ex, rng = "13.11", check_rng(911)
     for lead, T, d_model, h, d_k, d_v, g in (((2,), 5, 16, 4, 4, 4, 2), ((), 4, 12, 6, 2, 3, 3),
                                              ((), 3, 8, 4, 2, 2, 1)):
         layer = MultiHeadAttention(d_model, h, d_k, d_v, n_kv_heads=g, rng=rng)
@@ -217,7 +217,7 @@ ORDER = "positions matter: spreading the same tokens further apart changes the s
 
 def check_rope_values(fn) -> None:
     """Exercise 13.12: ``rope_attention(layer, x, positions)`` -> out (T, d_model), causal."""
-    ex, rng = "13.12", np.random.default_rng(912)
+    ex, rng = "13.12", check_rng(912)
     for layer, positions in ((MultiHeadAttention(12, 3, rope="half", rng=rng), [0, 1, 2, 3, 4]),
                              (MultiHeadAttention(16, 2, 6, 4, rope="interleaved", rng=rng),
                               [3, 4, 5, 9, 10, 11])):
@@ -264,7 +264,7 @@ WINDOW = "a query sees exactly the last `window` tokens, itself included"
 
 def check_window_off_by_one(fn) -> None:
     """Exercise 13.13: ``window_attention(q, k, v, window)`` -> (out, weights), T over T."""
-    ex, rng = "13.13", np.random.default_rng(913)
+    ex, rng = "13.13", check_rng(913)
     for lead, T, window, d_k, d_v in (((2,), 7, 3, 4, 5), ((), 5, 1, 3, 2), ((), 4, 10, 2, 3)):
         q, k, v = (rng.normal(size=(*lead, T, d)) for d in (d_k, d_k, d_v))
         label = f"for T={T}, window={window}"
@@ -301,7 +301,7 @@ def check_mla_cache_formula(fn) -> None:
             "kv_lora_rank": 8, "qk_rope_head_dim": 4, "qk_nope_head_dim": 6, "v_head_dim": 5}
     layer = MultiHeadLatentAttention(32, 4, d_c=8, d_rope=4, d_k=6, d_v=5, rng=914)
     cache = layer.init_cache(batch_shape=(2,))
-    for x_t in np.random.default_rng(914).normal(size=(7, 2, 1, 32)):
+    for x_t in check_rng(914).normal(size=(7, 2, 1, 32)):
         layer.decode_step(x_t, cache)
     held = tiny["num_hidden_layers"] * cache.entries.size * 4  # 3 layers, 7 tokens, batch 2, fp32
     forbid = {"mha_course.mla_cache_bytes": "write the formula yourself",

@@ -12,17 +12,21 @@ from pathlib import Path
 
 import nbformat
 
+from .assignment import NOTEBOOK_KEY, number
 from .generate import exercise_ids, load_solutions, stub_source
 from .notebooks import ExerciseError, id_key, info, lesson_of, moved_message, notebook_text
 
 
-def build_bundle(ids, solutions, stub: bool = True):
+def build_bundle(ids, solutions, stub: bool = True, assignment=None):
     """One notebook holding the chosen exercises (sorted by id) and the setup cells they need.
 
     ``solutions`` is the folder of solution notebooks, or what ``load_solutions`` returned.
     With ``stub=True`` it is the assignment handed out (stubs, no outputs); with ``stub=False``
     it is the reference the checker runs (solutions and their outputs). Both have the same cells,
-    ids and metadata, so the checker maps one onto the other.
+    ids and metadata, so the checker maps one onto the other. ``assignment`` (an
+    :class:`~mha_course.grading.assignment.Assignment`) adds its title, due date and points to
+    the first cell and its data to the notebook's metadata (``check --assignment`` accepts the
+    notebook for the file).
     """
     solutions = load_solutions(solutions)
     known = exercise_ids(solutions)
@@ -46,11 +50,20 @@ def build_bundle(ids, solutions, stub: bool = True):
         if key in first_nb.metadata:
             bundle.metadata[key] = copy.deepcopy(first_nb.metadata[key])
     bundle.metadata["mha_course"] = {"assignment": wanted}
+    heading = f"# Assignment: exercises {', '.join(wanted)}"
+    about = ""
+    if assignment is not None:
+        bundle.metadata["mha_course"][NOTEBOOK_KEY] = assignment.to_dict()
+        heading = f"# {assignment.title}" if assignment.title else heading
+        points = ", ".join(f"{x}: {number(assignment.points[x])}" for x in wanted)
+        about = (f"Points: {points} ({number(assignment.max_points)} in all)."
+                 + (f" Due: {assignment.due.replace('T', ' ')}." if assignment.due else "")
+                 + "\n\n")
     title = nbformat.v4.new_markdown_cell(
-        f"# Assignment: exercises {', '.join(wanted)}\n\n"
+        f"{heading}\n\n{about}"
         "Fill in each cell that raises `NotImplementedError`, run its check cell, and when you are "
-        "done check the whole notebook with\n\n"
-        "```\npython -m mha_course check THIS_FILE.ipynb\n```"
+        "done check the whole notebook from the course folder with\n\n"
+        "```\n.venv/bin/python -m mha_course check THIS_FILE.ipynb\n```"
     )
     title.id = "assignment-title"
     bundle.cells.append(title)
@@ -78,14 +91,15 @@ def build_bundle(ids, solutions, stub: bool = True):
     return bundle
 
 
-def assign(ids, out: str | Path, solutions_dir: str | Path, force: bool = False) -> Path:
+def assign(ids, out: str | Path, solutions_dir: str | Path, force: bool = False,
+           assignment=None) -> Path:
     """Write the assignment notebook for ``ids`` to ``out`` (refuses to overwrite unless force)."""
     out = Path(out)
     if out.suffix != ".ipynb":
         raise ExerciseError(f"{out}: the assignment file name must end in .ipynb")
     if out.exists() and not force:
         raise ExerciseError(f"{out} already exists; use --force to overwrite it")
-    text = notebook_text(build_bundle(ids, solutions_dir, stub=True))
+    text = notebook_text(build_bundle(ids, solutions_dir, stub=True, assignment=assignment))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text, encoding="utf-8", newline="\n")
     return out

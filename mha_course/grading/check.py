@@ -18,13 +18,19 @@ import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .assignment import Assignment
+from .bundle import build_bundle
+from .catalog import exercises
 from .generate import load_solutions
-from .merge import merge_learner, reference_for
-from .notebooks import course_root, info, read_notebook
+from .limits import Limits, find_enforcement
+from .merge import course_sources, merge_learner, reference_for
+from .notebooks import ExerciseError, course_root, info, read_notebook
 from .run import DEFAULT_TIMEOUT, Isolation, run_nbval
-from .sandbox import Library, files_changed, find_sandbox
+from .sandbox import FileGuard, Library, find_sandbox
 from .verdicts import NotebookResult, Verdict, judge_run
 
+#: The pytest plugin of grading mode (checks run in the grader, see grading/grader.py).
+GRADER_PLUGIN = "mha_course.grading.grader"
 #: The package the checker belongs to: its snapshot is what every run imports.
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 MISSING = ("your notebook has no solution cell for this exercise (deleted?); copy the cell back "
@@ -35,6 +41,16 @@ MISSING = ("your notebook has no solution cell for this exercise (deleted?); cop
 def package_snapshot(package_dir: str) -> Library:
     """One snapshot of the package per process (it lives in memory, never re-read)."""
     return Library.snapshot(package_dir)
+
+
+#: Exercises whose check cell still runs in the learner's kernel in grading mode, and why: the
+#: grader sends arguments by value, and these checks read what the learner's function did to an
+#: argument object (not an array) as it ran. Their verdicts are right, but they can be talked
+#: into passing as a learner's own check can (see the README's trust model).
+IN_KERNEL = {
+    "11.2": "its check reads the byte counters of the simulated devices the function sends "
+            "through",
+}
 
 
 @dataclass
@@ -49,14 +65,23 @@ class Checker:
     unsandboxed: str = ""
     #: ``{path: bytes}`` of files no check may change (the solutions, the submissions).
     watched: dict = field(default_factory=dict)
+    #: Grading mode: the assignment every submission is graded against (None: learner mode).
+    assignment: Assignment | None = None
+    #: Grading mode: the instructor's probes file, as text (see mha_course.grading.grader).
+    probes: str | None = None
 
     @classmethod
     def create(cls, solutions_dir=None, timeout: float = DEFAULT_TIMEOUT, sandbox: bool = True,
-               hidden=(), sanitize: Path | None = None) -> Checker:
+               hidden=(), sanitize: Path | None = None, assignment: Assignment | None = None,
+               probes: str | None = None, limits: Limits | None = None) -> Checker:
         """Snapshot the solutions, the package and the sanitize file; find the sandbox.
 
         ``hidden`` folders (the submissions) are hidden from the sandboxed kernel, as are the
-        course checkout, the solutions and the home folder.
+        course checkout, the solutions and the home folder. With an ``assignment`` the checker
+        is in grading mode: every notebook is graded against it, and the checks run in the
+        grader (:mod:`mha_course.grading.grader`), not in the learner's kernel. ``limits``
+        (default: 4 GiB, 256 processes, 1 GiB of disk per kernel) bound every kernel
+        (:mod:`mha_course.grading.limits`).
         """
         root = course_root()
         solutions_dir = Path(solutions_dir) if solutions_dir is not None else root / "solutions"
@@ -67,30 +92,83 @@ class Checker:
         bwrap, why = find_sandbox(sandbox)
         hidden = tuple(dict.fromkeys([root, solutions_dir, PACKAGE_DIR.parent, Path.home(),
                                       *hidden]))
-        isolation = Isolation(package_snapshot(str(PACKAGE_DIR)),
+        if assignment is not None:
+            unknown = [x for x in assignment.exercises if x not in exercises(solutions)]
+            if unknown:
+                raise ExerciseError(f"the assignment has exercises the solutions do not: "
+                                    f"{' '.join(unknown)}")
+        limits = limits if limits is not None else Limits()
+        library = package_snapshot(str(PACKAGE_DIR))
+        guard = FileGuard(restore=bwrap is None)  # only unsandboxed kernels can write them
+        for path, data in watched.items():
+            guard.add(path, data)
+        for rel, data in library.files.items():
+            if not rel.endswith(".pyc"):
+                guard.add(PACKAGE_DIR.parent / rel, data)
+        if sanitize:
+            guard.add(sanitize)
+        isolation = Isolation(library,
                               Path(sanitize).read_text(encoding="utf-8") if sanitize else None,
-                              bwrap, hidden)
-        return cls(solutions, solutions_dir, isolation, timeout, why, watched)
+                              bwrap, hidden, (GRADER_PLUGIN,) if assignment is not None else (),
+                              limits, find_enforcement(limits, bwrap is not None), guard)
+        return cls(solutions, solutions_dir, isolation, timeout, why, watched, assignment,
+                   probes)
 
-    def watch(self, paths) -> None:
+    @functools.cached_property
+    def catalog(self) -> dict:
+        """``{id: ExerciseInfo}`` of the solutions."""
+        return exercises(self.solutions)
+
+    @functools.cached_property
+    def course(self) -> frozenset:
+        """The course's own code cells (a lesson's demo cells are not a learner's cells)."""
+        return course_sources(self.solutions)
+
+    @functools.cached_property
+    def graded_bundle(self):
+        """Grading mode: the assignment's reference, its check cells marked for the grader."""
+        ref = build_bundle(self.assignment.exercises, self.solutions, stub=False)
+        remote = sorted({f for x in self.assignment.exercises for f in self.catalog[x].functions})
+        ref.metadata["mha_course"]["grader"] = {"remote": remote, "probes": self.probes,
+                                                "probe_seed": self.assignment.probe_seed}
+        for cell in ref.cells:
+            if info(cell).get("role") == "check" and info(cell).get("exercise") not in IN_KERNEL:
+                cell.metadata["mha_course"]["grader"] = True
+        return ref
+
+    def reference(self, learner, path: Path):
+        """``(reference notebook, label, catalog for matching by name or None)``."""
+        if self.assignment is None:
+            return (*reference_for(learner, path, self.solutions), None)
+        title = self.assignment.title or "the assignment"
+        label = f"{title} ({' '.join(self.assignment.exercises)})"
+        graded = {x: self.catalog[x] for x in self.assignment.exercises}
+        return self.graded_bundle, label, graded
+
+    def watch(self, paths, own: bool = False) -> None:
         """Read ``paths`` (submissions) now, before any learner code runs.
 
         :meth:`check` then grades these bytes, whatever a submission checked earlier writes to
-        a classmate's file, and :meth:`changed` reports such a write.
+        a classmate's file, and :meth:`changed` reports such a write; without the sandbox the
+        file is also restored (see :class:`~mha_course.grading.sandbox.FileGuard`). ``own``:
+        the learner's own notebook, checked by itself (a save from their editor is kept).
         """
         for path in paths:
             try:
-                self.watched.setdefault(Path(path), Path(path).read_bytes())
+                data = self.watched.setdefault(Path(path), Path(path).read_bytes())
             except OSError:
                 continue
+            self.isolation.guard.add(path, data, own=own)
 
     def changed(self) -> list[str]:
-        """Files changed on disk since the snapshots: the package, solutions, submissions.
+        """Files changed on disk since the snapshots (the package, solutions, submissions), each
+        with the submissions that were being checked meanwhile and what was done about it.
 
-        In the sandbox nothing can change them; without it, a submission's code can, and the
-        command reports which (every verdict was computed from the snapshots regardless).
+        In the sandbox no kernel can change them (an editor can); without it, a submission's
+        code can, and the file is restored. Every verdict was computed from the snapshots.
         """
-        return self.isolation.library.changed(PACKAGE_DIR) + files_changed(self.watched)
+        self.isolation.guard.verify(())
+        return [change.describe() for change in self.isolation.guard.changes]
 
     def check(self, path: str | Path) -> NotebookResult:
         """Check one learner notebook; never writes ``path``.
@@ -102,7 +180,7 @@ class Checker:
         """
         path = Path(path)
         learner = read_notebook(path, self.watched.get(path))  # as it was when the batch began
-        ref, label = reference_for(learner, path, self.solutions)
+        ref, label, graded = self.reference(learner, path)
         order = []
         for cell in ref.cells:
             exercise = info(cell).get("exercise")
@@ -110,8 +188,10 @@ class Checker:
                 order.append(exercise)
         decided: dict[str, Verdict] = {}
         for _ in range(len(order) + 1):
-            merged = merge_learner(ref, learner, stubbed=set(decided))
-            records, backstop = run_nbval(merged.notebook, self.timeout, self.isolation)
+            merged = merge_learner(ref, learner, stubbed=set(decided), catalog=graded,
+                                   course=self.course if graded else frozenset())
+            records, backstop = run_nbval(merged.notebook, self.timeout, self.isolation,
+                                          who=str(path))
             run = judge_run(order, merged.roles, records, self.timeout, backstop, decided)
             if run.error:
                 return NotebookResult(path, label, [Verdict(x, "error", run.error) for x in order],
@@ -127,7 +207,12 @@ class Checker:
         for exercise, notes in merged.notes.items():
             verdict = verdicts[exercise]
             verdicts[exercise] = dataclasses.replace(verdict, notes=notes + verdict.notes)
-        return NotebookResult(path, label, [verdicts[x] for x in order])
+        notes = []
+        if merged.ignored:
+            notes.append(f"your notebook also answers {' '.join(merged.ignored)}, which "
+                         f"{'is' if len(merged.ignored) == 1 else 'are'} not part of this "
+                         "assignment: not graded")
+        return NotebookResult(path, label, [verdicts[x] for x in order], notes=notes)
 
 
 def check_notebook(path: str | Path, solutions_dir: str | Path | None = None,

@@ -4,26 +4,57 @@
 
 - ``generate``: rebuild ``exercises/`` from ``solutions/`` (what ``make exercises`` runs).
 - ``check``: the learner's verdict on a notebook (``make check EX=03``), or an instructor's
-  table over a folder of submissions.
-- ``assign``: bundle chosen exercises into one assignment notebook.
+  table over a folder of submissions; with ``--assignment`` (``make grade``) a class graded
+  against the assignment: the gradebook CSV, feedback files, checks run in the grader.
+- ``assign``: bundle chosen exercises into one assignment notebook and its
+  ``.assignment.json`` (``--list`` shows every exercise).
 - ``tidy``: notebook hygiene for maintainers (``make notebook NB=...`` runs it after executing).
 
-Exit codes: 0 all good; 1 some exercise did not pass (or exercises/ is stale with --verify);
-2 a usage error or a missing, broken or foreign notebook.
+Exit codes of ``check`` on notebooks (a learner's own check): 0 every exercise passed; 1 some
+exercise did not pass; 2 a usage error, or a missing, broken or foreign notebook.
+
+Exit codes of ``check`` on folders, or with ``--assignment`` (an instructor grading a class):
+0 grading completed (every submission was read and graded, whatever its score); 1 grading
+completed but some submissions could not be read or checked (each is an ERROR row with its
+reason; the others are graded); 2 a usage error (nothing was checked: a bad option, a result
+file that would be overwritten or would land in the submissions folder, an unreadable
+assignment or roster).
+
+``generate --verify`` exits 1 when exercises/ is stale; ``tidy --check`` 1 when a notebook is
+untidy; every command exits 2 on a usage error.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import re
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 
+from .assignment import (
+    assignment_path_for,
+    load_assignment,
+    make_assignment,
+    number,
+    parse_due,
+    save_assignment,
+)
 from .bundle import assign
+from .catalog import exercises, parse_ids
 from .check import Checker
-from .generate import exercise_ids, find_stale, generate, load_solutions
+from .export import choose
+from .export_gradescope import export_gradescope
+from .export_nbgrader import export_nbgrader
+from .feedback import write_feedback
+from .generate import find_stale, generate
+from .grade import check_class
+from .gradebook import gradebook_csv, gradebook_table, write_text
+from .intake import read_roster
+from .limits import DEFAULT_DISK, DEFAULT_MEMORY, DEFAULT_PROCESSES, Limits, parse_size, size_text
 from .notebooks import (
     MOVED_LESSONS,
     ExerciseError,
@@ -33,8 +64,9 @@ from .notebooks import (
     read_notebook,
     sort_ids,
 )
-from .report import collect_submissions, combine, csv_text, format_result, summary_table
-from .run import DEFAULT_TIMEOUT
+from .outputs import backup, plan_outputs
+from .report import combine, csv_text, format_result, summary_table
+from .run import DEFAULT_TIMEOUT, stop_on_signals
 from .sandbox import UNSANDBOXED
 from .tidy import problems, tidy
 
@@ -71,13 +103,77 @@ def _parser() -> argparse.ArgumentParser:
     chk.add_argument("--no-sandbox", action="store_true",
                      help="run learners' code without the bubblewrap sandbox (see the README's "
                           "trust model)")
+    chk.add_argument("--assignment", type=Path, metavar="FILE",
+                     help="grade against this assignment (the .assignment.json `assign` wrote, "
+                          "or its notebook): its exercises, its points; checks run in the "
+                          "grader, not in the submission's kernel")
+    chk.add_argument("--roster", type=Path, metavar="FILE",
+                     help="CSV with columns file,id[,name]: file names to student ids")
+    chk.add_argument("--deadline", nargs="?", const="due", metavar="WHEN",
+                     help="a submission modified after WHEN (ISO 8601; alone: the assignment's "
+                          "due date) is late; Canvas's _LATE_ marker always is")
+    chk.add_argument("--feedback", type=Path, metavar="DIR",
+                     help="write one Markdown feedback file per student into DIR")
+    chk.add_argument("--excel", action="store_true",
+                     help="write the CSV with a UTF-8 BOM, so Excel reads accents right")
+    chk.add_argument("--probes", type=Path, metavar="FILE",
+                     help="grading: a Python file of probe_NN_M(function) checks of your own, "
+                          "run in the grader after each exercise's check passed")
+    chk.add_argument("--memory", type=_size_or_none, default=DEFAULT_MEMORY, metavar="SIZE",
+                     help=f"memory each kernel may use (default {size_text(DEFAULT_MEMORY)}; "
+                          "e.g. 8G, or 'none')")
+    chk.add_argument("--processes", type=_count_or_none, default=DEFAULT_PROCESSES, metavar="N",
+                     help=f"processes and threads each kernel may have (default "
+                          f"{DEFAULT_PROCESSES}, or 'none')")
+    chk.add_argument("--disk", type=_size_or_none, default=DEFAULT_DISK, metavar="SIZE",
+                     help=f"what each kernel may write to its folders and /tmp (default "
+                          f"{size_text(DEFAULT_DISK)}, or 'none')")
 
     asg = sub.add_parser("assign", help="bundle chosen exercises into one notebook")
-    asg.add_argument("ids", nargs="+", metavar="ID", help='exercise ids, e.g. 01.1 03.2 04.4')
-    asg.add_argument("-o", "--output", type=Path, required=True, metavar="FILE",
-                     help="the assignment notebook to write (.ipynb)")
-    asg.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
+    asg.add_argument("ids", nargs="*", metavar="ID",
+                     help="exercise ids: 03.1 3.2 '4.1,4.5'; a lesson (03) means all of it")
+    asg.add_argument("-o", "--output", type=Path, metavar="FILE",
+                     help="the assignment notebook to write (.ipynb); its .assignment.json "
+                          "goes beside it")
+    asg.add_argument("--list", action="store_true",
+                     help="list every exercise (id, stars, title, default points) and exit")
+    asg.add_argument("--title", default="", help="the assignment's title")
+    asg.add_argument("--due", metavar="WHEN", help="due date, ISO 8601 (2025-03-14T23:59)")
+    asg.add_argument("--points", action="append", metavar="ID=N,...",
+                     help="points per exercise (default: its stars), e.g. 03.1=2,04.5=4")
+    asg.add_argument("--probe-seed", type=int, metavar="N",
+                     help="grading runs each check again on inputs drawn from seed N")
+    asg.add_argument("--force", action="store_true",
+                     help="overwrite FILE and its .assignment.json if they exist")
     asg.add_argument("--solutions", type=Path, help="solution notebooks (default: solutions/)")
+
+    exp = sub.add_parser("export", help="the chosen exercises for nbgrader or Gradescope")
+    targets = exp.add_subparsers(dest="target", required=True)
+    for target, what in (("nbgrader", "an nbgrader course folder (source assignment, config, "
+                                      "README, the course's wheel)"),
+                         ("gradescope", "a Gradescope autograder zip (setup.sh, run_autograder, "
+                                        "the course's wheel) and the students' starter")):
+        one = targets.add_parser(target, help=what)
+        one.add_argument("ids", nargs="*", metavar="ID",
+                         help="exercise ids as for assign: 03.1 3.2 '4.1,4.5'; a lesson (03)")
+        one.add_argument("-o", "--output", type=Path, required=True,
+                         metavar="FOLDER" if target == "nbgrader" else "FILE.zip",
+                         help="the course folder to write into" if target == "nbgrader" else
+                         "the autograder zip to write (the starter notebook goes beside it)")
+        one.add_argument("--assignment", type=Path, metavar="FILE",
+                         help="take the exercises, points, title and due date from this "
+                              "assignment file (what `assign` wrote) instead of ids")
+        one.add_argument("--points", action="append", metavar="ID=N,...",
+                         help="points per exercise (default: its stars), e.g. 03.1=2,04.5=4")
+        one.add_argument("--title", default="", help="the assignment's title")
+        one.add_argument("--due", metavar="WHEN", help="due date, ISO 8601 (2025-03-14T23:59)")
+        one.add_argument("--name", metavar="NAME",
+                         help="the assignment's name (default: from the title or the ids)")
+        one.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+                         help=f"the cell timeout when grading (default {DEFAULT_TIMEOUT})")
+        one.add_argument("--force", action="store_true", help="overwrite files that exist")
+        one.add_argument("--solutions", type=Path,
+                         help="solution notebooks (default: solutions/)")
 
     tdy = sub.add_parser("tidy", help="maintainers: kernelspec, no timing metadata, no widget "
                                       "state, nbval markers as tags")
@@ -85,6 +181,23 @@ def _parser() -> argparse.ArgumentParser:
     tdy.add_argument("--check", action="store_true",
                      help="write nothing; list what is untidy and exit 1 if anything is")
     return parser
+
+
+def _size_or_none(text: str) -> int | None:
+    if text.strip().lower() in ("none", "unlimited"):
+        return None
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _count_or_none(text: str) -> int | None:
+    if text.strip().lower() in ("none", "unlimited"):
+        return None
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of processes (at least 1)")
+    return int(text)
 
 
 def _solutions(arg: Path | None) -> Path:
@@ -135,10 +248,36 @@ def lesson_notebook(value: str, root: Path | None = None) -> Path:
                         f"are: {choices}{example}")
 
 
+def _options(args):
+    """The assignment, roster, deadline and probes of ``check``, read before any work."""
+    try:
+        assignment = load_assignment(args.assignment) if args.assignment else None
+        roster = read_roster(args.roster) if args.roster else None
+        when = args.deadline
+        if when == "due":
+            if assignment is None or not assignment.due:
+                raise ValueError("--deadline without a date needs an --assignment with a due "
+                                 "date (or pass --deadline 2025-03-14T23:59)")
+            when = assignment.due
+        deadline = datetime.fromisoformat(parse_due(when)) if when else None
+    except ValueError as exc:
+        raise ExerciseError(str(exc)) from None
+    probes = None
+    if args.probes is not None:
+        if assignment is None:
+            raise ExerciseError("--probes needs --assignment (probes run in grading mode)")
+        try:
+            probes = args.probes.read_text(encoding="utf-8")
+            compile(probes, str(args.probes), "exec")
+        except (OSError, UnicodeDecodeError, SyntaxError) as exc:
+            raise ExerciseError(f"{args.probes}: cannot use it as probes ({exc})") from None
+    return assignment, roster, deadline, probes
+
+
 def _check(args) -> int:
     if importlib.util.find_spec("nbval") is None:
-        raise ExerciseError("nbval is not installed: run `pip install -e '.[test]'` "
-                            "(or `make check EX=NN`, which does it)")
+        raise ExerciseError("nbval is not installed: run `.venv/bin/python -m pip install -e .` "
+                            "in the course folder (the checker's needs install with the course)")
     if args.jobs < 1:
         raise ExerciseError("--jobs must be at least 1")
     if args.timeout <= 0:
@@ -148,37 +287,47 @@ def _check(args) -> int:
         paths.append(lesson_notebook(args.lesson))
     if not paths:
         raise ExerciseError("nothing to check: give notebooks or folders (or --lesson NN)")
-    folder_mode = any(p.is_dir() for p in paths)
-    csv_path = args.csv
-    if csv_path is None and folder_mode:
-        csv_path = Path("results.csv")
-        if csv_path.exists() and not args.force:
-            print(f"note: {csv_path} exists and will not be overwritten "
-                  "(use --csv FILE, or --force)")
-            csv_path = None
-    elif csv_path is not None and csv_path.exists() and not args.force:
-        raise ExerciseError(f"{csv_path} already exists; use --force to overwrite it")
+    assignment, roster, deadline, probes = _options(args)
+    folder_mode = any(p.is_dir() for p in paths) or assignment is not None
+    missing = [p for p in paths if not p.exists()]
+    if folder_mode and missing:
+        raise ExerciseError(f"{missing[0]}: no such file or folder")
+    if (args.feedback or roster or deadline) and not folder_mode:
+        raise ExerciseError("--feedback, --roster and --deadline grade a class: give a folder "
+                            "of submissions (and --assignment)")
+    if args.feedback and assignment is None:
+        raise ExerciseError("--feedback needs --assignment (the points and exercises it "
+                            "reports come from the assignment)")
+    outputs = plan_outputs(args.csv, args.feedback, args.force, folder_mode, paths)
+    for note in outputs.notes:
+        print(f"note: {note}", flush=True)
     hidden = [p if p.is_dir() else p.parent for p in paths]
-    checker = Checker.create(_solutions(args.solutions), args.timeout,
-                             sandbox=not args.no_sandbox, hidden=hidden)
-    if checker.unsandboxed:
-        print("note: " + UNSANDBOXED.format(reason=checker.unsandboxed), file=sys.stderr,
-              flush=True)
-    if folder_mode:
-        code = _check_folder(args, paths, checker, csv_path)
-    else:
-        code = _check_files(args, paths, checker, csv_path)
-    changed = checker.changed()
+    limits = Limits(args.memory, args.processes, args.disk)
+    with stop_on_signals():
+        checker = Checker.create(_solutions(args.solutions), args.timeout,
+                                 sandbox=not args.no_sandbox, hidden=hidden, assignment=assignment,
+                                 probes=probes, limits=limits)
+        if checker.unsandboxed:
+            print("note: " + UNSANDBOXED.format(reason=checker.unsandboxed), file=sys.stderr,
+                  flush=True)
+        else:  # unsandboxed, the note above says it all
+            for missing in checker.isolation.enforcement.missing:
+                print(f"note: {missing}", file=sys.stderr, flush=True)
+        if folder_mode:
+            code = _check_folder(args, paths, checker, outputs, roster, deadline)
+        else:
+            code = _check_files(args, paths, checker, outputs.csv)
+        changed = checker.changed()
     if changed:  # by an editor's autosave, or by a submission's code without a sandbox
         print("warning: these files changed on disk during the check (every verdict above used "
-              "the copies taken at the start; without a sandbox a submission's code can write "
-              "files): " + ", ".join(changed), file=sys.stderr, flush=True)
+              "the copies taken at the start):\n" + "\n".join(f"  {c}" for c in changed),
+              file=sys.stderr, flush=True)
     return code
 
 
 def _check_files(args, paths, checker, csv_path) -> int:
     """One report per notebook; a bad file gives exit code 2."""
-    checker.watch(paths)
+    checker.watch(paths, own=len(paths) == 1)  # a learner's own notebook: their saves are kept
     code = 0
     rows = []
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
@@ -194,72 +343,109 @@ def _check_files(args, paths, checker, csv_path) -> int:
             code = max(code, 0 if result.all_passed else 1)
             rows.append(combine(path.stem, [(path, result)]))
     if csv_path is not None:
-        _write_csv(csv_path, rows)
-    return code
-
-
-def _check_folder(args, paths, checker, csv_path) -> int:
-    """Each file or sub-folder of the folders is a submission: reports, then one table."""
-    submissions = collect_submissions(paths)
-    if not submissions:
-        raise ExerciseError("no submissions found (no .ipynb files or sub-folders)")
-    checker.watch(p for sub in submissions for p in sub.notebooks)
-
-    def check_one(path):
-        try:
-            return checker.check(path)
-        except ExerciseError as exc:
-            return exc
-
-    rows, code = [], 0
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        futures = [(sub, [(p, pool.submit(check_one, p)) for p in sub.notebooks])
-                   for sub in submissions]
-        for sub, pending in futures:  # print in submission order as the results come in
-            print(f"== {sub.name}", flush=True)
-            results = []
-            for path, future in pending:
-                result = future.result()
-                results.append((path, result))
-                if isinstance(result, ExerciseError):
-                    print(f"  ERROR: {result}", flush=True)
-                    continue
-                print("  " + format_result(result, args.timeout).replace("\n", "\n  "),
-                      flush=True)
-            row = combine(sub.name, results)
-            for note in row.notes:
-                if not note.startswith(tuple(f"{p.name}: ERROR" for p, _ in results)):
-                    print(f"  note: {note}", flush=True)
-            if not results:
-                print("  ERROR: no notebooks in this submission", flush=True)
-            rows.append(row)
-            if row.unreadable or any(s != "passed" for s in row.statuses.values()):
-                code = 1
-    print()
-    columns = sort_ids(x for row in rows for x in row.statuses)
-    print(summary_table(rows, columns))
-    if csv_path is not None:
-        _write_csv(csv_path, rows, columns)
-    return code
-
-
-def _write_csv(path: Path, rows, columns=None) -> None:
-    if columns is None:
         columns = sort_ids(x for row in rows for x in row.statuses)
-    path.write_text(csv_text(rows, columns), encoding="utf-8")
-    print(f"wrote {path}")
+        _write(csv_path, csv_text(rows, columns), args.force)
+    return code
+
+
+def _check_folder(args, paths, checker, outputs, roster, deadline) -> int:
+    """Each file or sub-folder of the folders is a submission: reports, then one table."""
+    rows, _ = check_class(paths, checker, args.jobs, args.timeout, roster, deadline,
+                          say=lambda line: print(line, flush=True))
+    print()
+    assignment = checker.assignment
+    if assignment is None:
+        columns = sort_ids(x for row in rows for x in row.statuses)
+        print(summary_table(rows, columns))
+        print("note: without --assignment each row counts the exercises of its own notebooks; "
+              "to grade a class, pass the assignment `assign` wrote (--assignment FILE)")
+        if outputs.csv is not None:
+            _write(outputs.csv, csv_text(rows, columns), args.force)
+        return 1 if any(row.unreadable for row in rows) else 0
+    print(gradebook_table(rows, assignment))
+    if outputs.csv is not None:
+        _write(outputs.csv, gradebook_csv(rows, assignment), args.force, args.excel)
+    if outputs.feedback is not None:
+        roots = [*(p if p.is_dir() else p.parent for p in paths), course_root()]
+        files = write_feedback(rows, outputs.feedback, assignment, checker.catalog, roots)
+        print(f"wrote {len(files)} feedback files into {outputs.feedback}")
+    return 1 if any(row.unreadable for row in rows) else 0
+
+
+def _write(path: Path, text: str, force: bool, excel: bool = False) -> None:
+    kept = backup(path) if force else None
+    write_text(path, text, excel)
+    print(f"wrote {path}" + (f" (the old one is now {kept})" if kept else ""))
+
+
+def _list_exercises(solutions) -> int:
+    catalog = exercises(solutions)
+    width = max(len(x) for x in catalog)
+    for info in catalog.values():
+        points = f"{info.points} point{'s' if info.points != 1 else ''}"
+        print(f"{info.id.ljust(width)}  {('★' * info.stars).ljust(3)}  {points.ljust(8)}  "
+              f"{info.title}")
+    print(f"{len(catalog)} exercises; `assign 3.1 3.2 04 -o hw.ipynb` bundles some (a lesson "
+          "number means all of its exercises)")
+    return 0
 
 
 def _assign(args) -> int:
     solutions = _solutions(args.solutions)
-    known = exercise_ids(load_solutions(solutions))
-    for exercise in sort_ids(x for x in args.ids if x in known):
-        note = moved_message(exercise, known)
+    if args.list:
+        return _list_exercises(solutions)
+    if not args.ids:
+        raise ExerciseError("which exercises? pass ids (03.1 3.2 '4.1,4.5'), or --list to see "
+                            "them all")
+    if args.output is None:
+        raise ExerciseError("pass -o FILE.ipynb: the assignment notebook to write")
+    catalog = exercises(solutions)
+    try:
+        ids = parse_ids(args.ids, known=list(catalog))
+        out = Path(args.output)
+        hw = make_assignment(ids, catalog, points=args.points or None, title=args.title,
+                             due=args.due, notebook=out.name, probe_seed=args.probe_seed)
+    except ValueError as exc:
+        raise ExerciseError(str(exc)) from None
+    for exercise in ids:
+        note = moved_message(exercise, list(catalog))
         if note:
             print(note, file=sys.stderr)
-    out = assign(args.ids, args.output, solutions, force=args.force)
-    print(f"wrote {out} with exercises {' '.join(sort_ids(args.ids))}")
-    print(f"check it with: python -m mha_course check {out}")
+    spec = assignment_path_for(out)
+    if spec.exists() and not args.force:
+        raise ExerciseError(f"{spec} already exists; use --force to overwrite it")
+    out = assign(ids, out, solutions, force=args.force, assignment=hw)
+    try:
+        save_assignment(hw, spec, force=True)
+    except (OSError, ValueError) as exc:
+        raise ExerciseError(f"{spec}: cannot write it ({exc})") from None
+    total = number(hw.max_points)
+    print(f"wrote {out} with exercises {' '.join(ids)} ({total} points"
+          + (f", due {hw.due}" if hw.due else "") + ")")
+    print(f"wrote {spec}: keep it; grade with it: .venv/bin/python -m mha_course check "
+          f"SUBMISSIONS/ --assignment {spec}")
+    print(f"students check their work with: .venv/bin/python -m mha_course check {out.name}")
+    return 0
+
+
+def _export(args) -> int:
+    solutions = _solutions(args.solutions)
+    if args.timeout <= 0:
+        raise ExerciseError("--timeout must be a positive number of seconds")
+    hw = choose(args.ids, args.assignment, args.points, args.title, args.due, solutions)
+    if args.target == "nbgrader":
+        written = export_nbgrader(hw, args.output, solutions, args.name, args.force,
+                                  args.timeout)
+    else:
+        written = export_gradescope(hw, args.output, solutions, args.name, args.force,
+                                    args.timeout)
+    print(f"exported exercises {' '.join(hw.exercises)} ({number(hw.max_points)} points) for "
+          f"{args.target}:")
+    for path in written:
+        print(f"  wrote {path}")
+    readme = next((p for p in written if p.name == "README.md"), None)
+    if readme is not None:
+        print(f"next: read {readme}")
     return 0
 
 
@@ -284,9 +470,13 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m mha_course`` and the ``mha-course`` script."""
     args = _parser().parse_args(argv)
     try:
-        commands = {"generate": _generate, "check": _check, "assign": _assign, "tidy": _tidy}
+        commands = {"generate": _generate, "check": _check, "assign": _assign, "tidy": _tidy,
+                    "export": _export}
         return commands[args.command](args)
     except ExerciseError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `assign --list | head`: the reader left; no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 

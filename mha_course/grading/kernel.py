@@ -6,6 +6,11 @@ private copy of the package. Importing :mod:`mha_course.checks` here, before the
 any cell, means that a learner's file named ``mha_course/...`` or ``numpy.py`` in the working
 folder cannot replace the checks: the modules are already loaded. Nothing is added to the
 notebook's namespace.
+
+Before that, the kernel sets on itself the rlimits the checker asks for in ``MHA_COURSE_LIMITS``
+(memory, file size and, inside the sandbox's user namespace, processes: see
+:mod:`mha_course.grading.limits`); no learner code has run yet, and without privileges (which the
+sandbox drops) a limit cannot be raised again.
 """
 
 from __future__ import annotations
@@ -13,7 +18,11 @@ from __future__ import annotations
 import os
 import sys
 
-import mha_course.checks  # noqa: F401  (loaded before any learner code runs)
+from mha_course.grading.limits import ENV, apply_rlimits
+
+apply_rlimits(os.environ.pop(ENV, None))
+
+import mha_course.checks  # noqa: E402, F401  (loaded before any learner code runs)
 
 
 def main() -> None:

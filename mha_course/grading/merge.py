@@ -27,16 +27,19 @@ from pathlib import Path
 import nbformat
 
 from .bundle import build_bundle
+from .catalog import called_checks, defined_names, exercise_of_check, exercise_of_function
 from .generate import load_solutions, stub_source
 from .notebooks import (
     ID_RE,
     LESSON_RE,
+    MOVED_LESSONS,
     CellRole,
     ExerciseError,
     first_line,
     info,
     is_stub,
     lesson_of,
+    moved_id,
     nb_info,
     sort_ids,
 )
@@ -92,7 +95,8 @@ class LearnerCell:
     """A code cell of the learner's notebook that the checker will run (see :func:`classify`).
 
     ``kind`` is "answer" (for ``exercise``; ``target`` is the id of the reference solution cell
-    it replaces when matched by id), "check" (a check cell: only a place marker) or "own".
+    it replaces when matched by id), "check" (a check cell: only a place marker), "own", or
+    "extra" (grading mode: a cell of an exercise the assignment does not have, not run).
     ``number`` counts the learner's cells from 1, for messages.
     """
 
@@ -102,6 +106,7 @@ class LearnerCell:
     exercise: str | None = None
     target: str | None = None
     label: str = ""
+    note: str = ""
 
 
 @dataclass
@@ -114,18 +119,71 @@ class Merged:
     missing: set = field(default_factory=set)
     #: Notes per exercise (several answers), for the report.
     notes: dict = field(default_factory=dict)
+    #: Exercises of the learner's notebook that the reference does not have (not run).
+    ignored: list = field(default_factory=list)
 
 
 def _norm(source: str) -> str:
     return "\n".join(line.rstrip() for line in source.strip().split("\n"))
 
 
-def classify(ref, learner) -> list[LearnerCell]:
-    """The learner's code cells that matter, in their order, each an answer, a check or own."""
+def _moved_note(exercise, hit) -> str:
+    if not (isinstance(exercise, str) and ID_RE.match(exercise)) or exercise == hit:
+        return ""
+    moved = MOVED_LESSONS.get(lesson_of(exercise))
+    why = f" ({moved[1]})" if moved and moved_id(exercise) == hit else ""
+    return (f"your notebook's Exercise {exercise} was graded as Exercise {hit}{why}: its cells "
+            "call and define what that exercise checks")
+
+
+def _by_name(cell, role, exercise, catalog, solution_exercises):
+    """``(role, exercise, note)`` of a learner's cell in grading mode (``catalog`` given).
+
+    A cell that calls an assigned exercise's check is that exercise's check cell, one that
+    defines its function is its answer, whatever its metadata says or lacks (an editor dropped
+    it; an old drill id 09.N is graded as 13.N, with a note). A cell whose metadata names an
+    exercise the assignment does not have, and that matches none of the assigned ones, is
+    "extra": it is not run.
+    """
+    if not catalog:
+        return role, exercise, ""
+    if exercise in solution_exercises and exercise in catalog:
+        mine = catalog[exercise]
+        if role == "solution" and not set(defined_names(cell.source)) & set(mine.functions):
+            other = exercise_of_function(cell.source, catalog)
+            if other is not None:
+                return "solution", other, _moved_note(exercise, other)
+        if role == "check" and not set(called_checks(cell.source)) & set(mine.checks):
+            other = exercise_of_check(cell.source, catalog)
+            if other is not None:
+                return "check", other, _moved_note(exercise, other)
+        return role, exercise, ""
+    hit, kind = exercise_of_check(cell.source, catalog), "check"
+    if hit is None:
+        hit, kind = exercise_of_function(cell.source, catalog), "solution"
+    if hit is not None:
+        return kind, hit, _moved_note(exercise, hit)
+    if isinstance(exercise, str) and ID_RE.match(exercise):
+        return "extra", exercise, ""
+    return role, exercise, ""
+
+
+def classify(ref, learner, catalog=None, course=frozenset()) -> list[LearnerCell]:
+    """The learner's code cells that matter, in their order, each an answer, a check or own.
+
+    ``catalog`` (grading mode: ``{id: ExerciseInfo}`` of the reference's exercises) also
+    places cells by the checks they call and the functions they define (see :func:`_by_name`);
+    cells of exercises the reference does not have are then returned as "extra" (not run).
+    ``course`` holds the sources (see :func:`course_sources`) of the course's own cells: a
+    learner's cell that is one of them (a lesson notebook's demo cell) is not the learner's.
+    """
     by_id = {c.get("id"): c for c in ref.cells if c.get("id")}
     solution_exercises = {info(c)["exercise"] for c in ref.cells
                           if info(c).get("role") == "solution"}
-    ref_sources = {_norm(c.source) for c in ref.cells if c.cell_type == "code"}
+    ref_sources = {_norm(c.source) for c in ref.cells
+                   if c.cell_type == "code" and info(c).get("role") != "solution"}
+    ref_checks = {_norm(c.source): info(c)["exercise"] for c in ref.cells
+                  if info(c).get("role") == "check"}
     found = []
     for number, cell in enumerate(learner.cells, start=1):
         if cell.cell_type != "code" or not cell.source.strip():
@@ -135,12 +193,22 @@ def classify(ref, learner) -> list[LearnerCell]:
         role, exercise = meta.get("role"), meta.get("exercise")
         if ref_cell is not None and ref_cell.cell_type != "code":
             role = None
-        if role == "solution" and exercise in solution_exercises:
+        note, source = "", _norm(cell.source)
+        if ref_cell is None and source in ref_checks:
+            role, exercise = "check", ref_checks[source]  # a check cell whose id was lost
+        elif ref_cell is None and source not in ref_sources and source not in course:
+            role, exercise, note = _by_name(cell, role, exercise, catalog, solution_exercises)
+        if ref_cell is not None and catalog and role == "solution":
+            note = _moved_note(info(cell).get("exercise"), exercise)  # an old id, same cell
+        if role == "extra":
+            found.append(LearnerCell(number, cell.source, "extra", exercise))
+        elif role == "solution" and exercise in solution_exercises:
             target = cell.get("id") if ref_cell is not None else None
-            found.append(LearnerCell(number, cell.source, "answer", exercise, target))
+            found.append(LearnerCell(number, cell.source, "answer", exercise, target,
+                                     note=note))
         elif role == "check" and exercise in solution_exercises:
             found.append(LearnerCell(number, cell.source, "check", exercise))
-        elif _norm(cell.source) in ref_sources:
+        elif source in ref_sources or source in course:
             continue  # a reference cell (its id lost, or unchanged): the reference's runs
         elif role == "setup":
             label = f"your changed setup cell `{first_line(cell.source)}`"
@@ -155,6 +223,8 @@ def _groups(cells: list[LearnerCell]) -> dict[str, list[LearnerCell]]:
     """``{exercise: cells}``: each own cell joins the exercise of the next answer or check."""
     groups, pending = {}, []
     for cell in cells:
+        if cell.kind == "extra":
+            continue
         if cell.kind == "own":
             pending.append(cell)
             continue
@@ -175,7 +245,15 @@ def _code_cell(source: str, cell_id: str):
     return cell
 
 
-def merge_learner(ref, learner, stubbed=()) -> Merged:
+def course_sources(solutions) -> frozenset:
+    """The code cells of every solution notebook but their answers, as :func:`classify` compares
+    them (trailing blanks stripped)."""
+    return frozenset(_norm(c.source) for _, nb in load_solutions(solutions).values()
+                     for c in nb.cells
+                     if c.cell_type == "code" and info(c).get("role") != "solution")
+
+
+def merge_learner(ref, learner, stubbed=(), catalog=None, course=frozenset()) -> Merged:
     """The notebook the checker runs: ``ref`` with the learner's answers and own cells put in.
 
     See the module docstring for how cells are found. An exercise in ``stubbed`` (one that
@@ -184,7 +262,9 @@ def merge_learner(ref, learner, stubbed=()) -> Merged:
     markers in it are neutralised.
     """
     merged = copy.deepcopy(ref)
-    groups = _groups(classify(ref, learner))
+    found = classify(ref, learner, catalog, course)
+    groups = _groups(found)
+    ignored = sort_ids({c.exercise for c in found if c.kind == "extra"})
     solution_ids: dict[str, list[str]] = {}
     for cell in merged.cells:
         if info(cell).get("role") == "solution":
@@ -206,6 +286,9 @@ def merge_learner(ref, learner, stubbed=()) -> Merged:
                 per_cell[i] = [free.pop(0)]
         if free:
             per_cell[ids[-1]] += free
+        for c in answers:
+            if c.note and c.note not in notes.get(exercise, []):
+                notes.setdefault(exercise, []).append(c.note)
         for i in ids:
             per_cell[i].sort(key=lambda c: c.number)  # the learner's order
             real = [c for c in per_cell[i] if not is_stub(c.source, exercise)]
@@ -261,4 +344,4 @@ def merge_learner(ref, learner, stubbed=()) -> Merged:
             roles.append(CellRole(exercise, "own" if item.kind == "own" else "solution",
                                   item.label))
     merged.cells = cells
-    return Merged(merged, roles, missing, notes)
+    return Merged(merged, roles, missing, notes, ignored)

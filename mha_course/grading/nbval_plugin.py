@@ -10,7 +10,11 @@ Loaded by :func:`mha_course.grading.run.run_nbval_once` next to ``-p nbval.plugi
 - with ``--mha-kernel SPEC.json``, starts the kernel the checker describes there (its command,
   which may be a bubblewrap sandbox, its working folder, its transport) instead of nbval's;
 - makes nbval notice a dead kernel within a second, instead of waiting for the cell timeout:
-  the cell then fails with a message containing ``MHA_COURSE_KERNEL_DIED``.
+  the cell then fails with a message containing ``MHA_COURSE_KERNEL_DIED``;
+- adds ``"limit"`` to the record of a cell during which the kernel reached one of its limits
+  (memory, processes, disk: :mod:`mha_course.grading.limits`), in the report's words: from the
+  kernel's cgroups' event counters where it has cgroups, else from the error the cell raised
+  (``MemoryError``, ``[Errno 11]`` from a fork, ``[Errno 28]`` from a write).
 
 The report goes to a pipe that only the pytest process holds: jupyter_client starts the kernel
 with every other file descriptor closed, the environment names nothing, and in the sandbox the
@@ -29,6 +33,7 @@ from queue import Empty
 
 import pytest
 
+from .limits import Limits, cgroup_events, limit_message, memory_words, process_words
 from .verdicts import KERNEL_DIED, cap_line
 
 try:
@@ -41,6 +46,31 @@ except ImportError:  # another nbval: it keeps its own behaviour (the cell timeo
 
 #: At most this many characters of any text in a record (the rest is replaced by a count).
 TEXT_CAP = 20_000
+
+
+class LimitWatch:
+    """The kernel's limits and cgroups (from the checker's kernel spec): which limit fired."""
+
+    def __init__(self, limits: Limits | None = None, cgroups=()):
+        self.limits = limits or Limits(None, None, None)
+        self.cgroups = [str(c) for c in cgroups]
+        self.seen = cgroup_events(self.cgroups)
+
+    def fired(self, error: dict | None) -> str | None:
+        """The limit reached since the last cell, in words (None: none)."""
+        now = cgroup_events(self.cgroups)
+        new = {k for k, v in now.items() if v > self.seen.get(k, 0)}
+        self.seen = now
+        if "memory" in new and self.limits.memory:
+            return memory_words(self.limits)
+        if "processes" in new and self.limits.processes:
+            return process_words(self.limits)
+        if error:
+            return limit_message(self.limits, error.get("ename", ""), error.get("evalue", ""))
+        return None
+
+
+WATCH = LimitWatch()
 
 
 def pytest_addoption(parser) -> None:
@@ -87,6 +117,9 @@ def pytest_unconfigure(config) -> None:
 
 def start_kernels_from(spec: dict) -> None:
     """Make nbval start every kernel from ``spec`` (see ``sandbox.kernel_spec``)."""
+    global WATCH
+    WATCH = LimitWatch(Limits(**spec.get("limits", {})) if spec.get("limits") else None,
+                       spec.get("cgroups", ()))
     if nbval_kernel is None:
         return
     kernel_spec = KernelSpec(argv=spec["argv"], env=spec.get("env", {}), language="python",
@@ -192,6 +225,9 @@ def cell_record(item, call) -> dict:
             }
     record["got"] = cap_output(output_text(outputs))
     record["expected"] = cap_output(output_text(item.cell.get("outputs")))
+    limit = WATCH.fired(record["error"])
+    if limit:
+        record["limit"] = limit
     return record
 
 

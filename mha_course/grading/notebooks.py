@@ -70,12 +70,17 @@ def read_notebook(path: str | Path, data: bytes | None = None) -> nbformat.Noteb
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ExerciseError(f"{path}: cannot read it ({exc})") from None
+    if not text.strip():
+        raise ExerciseError(f"{path}: not a notebook: the file is empty ({len(data)} bytes)")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
+        # the whole reason: json's own message ends "... starting at" and needs its position
+        at = "" if exc.msg.endswith(" at") else " at"
         raise ExerciseError(
-            f"{path}: not a notebook: the file is not valid JSON "
-            f"(line {exc.lineno}, column {exc.colno}: {exc.msg})"
+            f"{path}: not a notebook: the file is not valid JSON ({exc.msg}{at} line "
+            f"{exc.lineno}, column {exc.colno}; the file may have been cut short or edited by "
+            "hand)"
         ) from None
     if not isinstance(data, dict) or not isinstance(data.get("cells"), list):
         raise ExerciseError(f"{path}: not a notebook: no list of cells in the JSON")

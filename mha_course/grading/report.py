@@ -5,7 +5,8 @@ so folder mode's decisions are unit-tested in milliseconds (``tests/test_verdict
 
 - :func:`collect_submissions`: each notebook of a folder is a submission, and so is each
   sub-folder (every notebook in it, at any depth); hidden and system folders
-  (``.ipynb_checkpoints``, ``__MACOSX``) are skipped; ``jay.ipynb`` and ``jay/`` stay apart;
+  (``.ipynb_checkpoints``, ``__MACOSX``) are skipped; ``jay.ipynb`` and ``jay/`` stay apart
+  (:mod:`mha_course.grading.intake` does the reading);
 - :func:`combine`: a submission's notebooks give one row, the best result per exercise, with a
   note where two notebooks disagree; an unreadable notebook is an ERROR;
 - :func:`summary_table` and :func:`csv_text`: one row per submission, one column per
@@ -16,10 +17,10 @@ from __future__ import annotations
 
 import csv
 import io
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .intake import Submission, collect
 from .verdicts import STATUS_MEANING, STATUS_SHORT, NotebookResult, cap_line, trim
 
 #: Best first: the status a submission's row keeps when its notebooks disagree.
@@ -59,46 +60,10 @@ def format_result(result: NotebookResult, timeout: float) -> str:
     return "\n".join(lines)
 
 
-@dataclass
-class Submission:
-    """One learner's hand-in: a notebook, or a sub-folder of notebooks."""
-
-    name: str
-    notebooks: list[Path]
-    source: Path
-    folder: bool = False
-
-
-def _skipped(name: str) -> bool:
-    """Hidden and system entries: ``.ipynb_checkpoints``, ``._x.ipynb``, ``__MACOSX``."""
-    return name.startswith(".") or name.startswith("__")
-
-
 def collect_submissions(paths) -> list[Submission]:
-    """The submissions in ``paths``: each file, or each entry of a folder, is one."""
-    subs = []
-    for raw in paths:
-        path = Path(raw)
-        if not path.is_dir():
-            subs.append(Submission(path.stem, [path], path))
-            continue
-        for entry in sorted(path.iterdir()):
-            if _skipped(entry.name):
-                continue
-            if entry.is_dir():
-                notebooks = sorted(
-                    p for p in entry.rglob("*.ipynb")
-                    if p.is_file() and not any(_skipped(part)
-                                               for part in p.relative_to(entry).parts))
-                subs.append(Submission(entry.name, notebooks, entry, folder=True))
-            elif entry.suffix == ".ipynb":
-                subs.append(Submission(entry.stem, [entry], entry))
-    for longer in (lambda s: s.source.name + ("/" if s.folder else ""), lambda s: str(s.source)):
-        clashes = Counter(s.name for s in subs)
-        for sub in subs:
-            if clashes[sub.name] > 1:  # jay.ipynb and jay/ are two learners, not one
-                sub.name = longer(sub)
-    return subs
+    """The submissions in ``paths``: each file, or each entry of a folder, is one (see
+    :func:`mha_course.grading.intake.collect`, which also lists what it skipped)."""
+    return collect(paths).submissions
 
 
 @dataclass

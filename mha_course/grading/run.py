@@ -7,13 +7,22 @@ private copy written from the checker's snapshot, the kernel is started from the
 description (in a bubblewrap sandbox where one works), and the per-cell records come back
 through a pipe that only the pytest process holds. nbval's own cell timeout stops a cell that
 runs too long; when the whole run passes the backstop, everything the run started is stopped
-(:func:`stop_run`).
+(:func:`stop_run`). Each kernel gets the command's :class:`~mha_course.grading.limits.Limits`
+(its own cgroups where they can be made), and after each run the files no run may change are
+compared with their snapshots (:class:`~mha_course.grading.sandbox.FileGuard`).
+
+Every run in progress is registered, so that :func:`stop_on_signals` can stop them all: on
+Ctrl-C (SIGINT) or SIGTERM the command kills every run's processes (pytest, bwrap, the kernel and
+whatever it started), removes their temporary folders and cgroups, prints one line and exits
+(130 or 143) without waiting for anything else.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,8 +34,9 @@ from pathlib import Path
 
 import psutil
 
+from .limits import Enforcement, KernelCgroups, Limits
 from .notebooks import ExerciseError, clean, notebook_text
-from .sandbox import Library, RunFolders, kernel_spec
+from .sandbox import FileGuard, Library, RunFolders, kernel_spec
 
 #: nbval's timeout for one cell, in seconds (``python -m mha_course check --timeout``).
 DEFAULT_TIMEOUT = 30
@@ -45,13 +55,119 @@ class Isolation:
 
     ``library`` is the snapshot of the package each run gets a copy of; ``sanitize`` the text
     of nbval's sanitize file (also a snapshot); ``bwrap`` the sandbox (None: unsandboxed);
-    ``hidden`` the folders the sandbox hides from the kernel.
+    ``hidden`` the folders the sandbox hides from the kernel; ``plugins`` more pytest plugins
+    for the run (grading mode's :mod:`mha_course.grading.grader`); ``limits`` what each kernel
+    may use and ``enforcement`` how this machine enforces it; ``guard`` the files no run may
+    change.
     """
 
     library: Library
     sanitize: str | None = None
     bwrap: str | None = None
     hidden: tuple = field(default_factory=tuple)
+    plugins: tuple = field(default_factory=tuple)
+    limits: Limits = field(default_factory=lambda: Limits(None, None, None))
+    enforcement: Enforcement = field(default_factory=Enforcement)
+    guard: FileGuard = field(default_factory=FileGuard)
+
+
+class Stopped(Exception):
+    """The command is stopping (Ctrl-C or SIGTERM): no new run may start."""
+
+
+@dataclass
+class ActiveRun:
+    """A run in progress: what :func:`stop_all` must stop and remove."""
+
+    who: str
+    folder: Path
+    pid: int | None = None
+    mark: str = ""
+    cgroups: KernelCgroups | None = None
+
+
+_LOCK = threading.RLock()  # re-entrant: the signal handler may run while the main thread holds it
+_ACTIVE: dict[int, ActiveRun] = {}
+#: The submissions whose runs were in progress since the guard last looked (see
+#: :func:`runs_since_last_look`).
+_SEEN: dict[str, None] = {}
+_STOPPING = threading.Event()
+
+
+def _register(run: ActiveRun) -> int:
+    with _LOCK:
+        if _STOPPING.is_set():
+            raise Stopped
+        key = id(run)
+        _ACTIVE[key] = run
+        if run.who:
+            _SEEN[run.who] = None
+        return key
+
+
+def _unregister(key: int) -> None:
+    with _LOCK:
+        _ACTIVE.pop(key, None)
+
+
+def runs_since_last_look() -> tuple:
+    """The submissions checked since the last call (finished or still running), in order."""
+    with _LOCK:
+        seen = tuple(_SEEN)
+        _SEEN.clear()
+        for run in _ACTIVE.values():
+            if run.who:
+                _SEEN[run.who] = None
+        return seen
+
+
+def stop_all() -> int:
+    """Stop every run in progress, remove its folders and cgroups; return how many there were.
+
+    No run starts after this (a run starts its pytest under the same lock and checks first).
+    """
+    with _LOCK:
+        _STOPPING.set()
+        runs = list(_ACTIVE.values())
+    for run in runs:
+        if run.pid is not None:
+            kill_tree(run.pid)
+        if run.cgroups is not None:
+            run.cgroups.kill()
+    kill_marked({run.mark for run in runs if run.mark})
+    for run in runs:
+        if run.cgroups is not None:
+            run.cgroups.remove()
+        shutil.rmtree(run.folder, ignore_errors=True)
+    return len(runs)
+
+
+@contextlib.contextmanager
+def stop_on_signals():
+    """While inside: Ctrl-C (SIGINT) and SIGTERM stop every run, print one line and exit.
+
+    The handler runs in the main thread: it kills every run's processes, removes their
+    temporary folders and cgroups, writes one line to stderr and leaves with ``os._exit`` (130
+    or 143), so no worker thread is waited for. Outside the main thread it does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        name = signal.Signals(signum).name
+        n = stop_all()
+        sys.stderr.write(f"stopped by {name}: {n} run{'s' if n != 1 else ''} in progress "
+                         "stopped, their processes killed and temporary folders removed\n")
+        sys.stderr.flush()
+        os._exit(128 + signum)
+
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, previous in old.items():
+            signal.signal(sig, previous)
 
 
 def descendants(pid: int) -> list[int]:
@@ -93,29 +209,42 @@ def stop_run(pid: int, mark: str) -> None:
     environment, unless it cleared it; in the sandbox nothing survives the sandbox's end.
     """
     kill_tree(pid)
+    kill_marked({mark})
+
+
+def kill_marked(marks) -> None:
+    """Kill the tree of every process whose environment carries one of the run ``marks``."""
+    if not marks:
+        return
     for proc in psutil.process_iter():
         if proc.pid == os.getpid():
             continue
         try:
-            if proc.environ().get(RUN_MARK) == mark:
+            if proc.environ().get(RUN_MARK) in marks:
                 kill_tree(proc.pid)
         except (psutil.Error, OSError):
             continue
 
 
-def run_nbval(nb, cell_timeout: float, isolation: Isolation, total_timeout=None):
+def run_nbval(nb, cell_timeout: float, isolation: Isolation, total_timeout=None, who: str = ""):
     """Run strict nbval on ``nb`` in a subprocess; return ``(records by cell, hit the backstop)``.
 
     ``total_timeout`` is the backstop for the whole run (kernel start included); when it is
     reached everything the run started is stopped. A run in which no cell ran at all (the
     kernel did not start: a port race or a slow start on a loaded machine) is tried once more,
     then reported as an error with nbval's last lines, never as exercises "not checked".
+    ``who`` names the submission in the report when a watched file changed during its run.
     """
-    for _attempt in (1, 2):
-        records, backstop, tail = run_nbval_once(nb, cell_timeout, isolation, total_timeout)
-        if records or backstop:
-            return records, backstop
-    raise ExerciseError("nbval could not run the notebook: " + " / ".join(tail))
+    try:
+        for _attempt in (1, 2):
+            records, backstop, tail = run_nbval_once(nb, cell_timeout, isolation, total_timeout,
+                                                     who)
+            if records or backstop:
+                return records, backstop
+        raise ExerciseError("nbval could not run the notebook: " + " / ".join(tail))
+    finally:
+        if len(isolation.guard):
+            isolation.guard.verify(runs_since_last_look())
 
 
 def _drain(stream, sink: bytearray, limit: int | None) -> None:
@@ -127,68 +256,88 @@ def _drain(stream, sink: bytearray, limit: int | None) -> None:
                 del sink[: len(sink) - limit]
 
 
-def run_nbval_once(nb, cell_timeout, isolation: Isolation, total_timeout=None):
+def run_nbval_once(nb, cell_timeout, isolation: Isolation, total_timeout=None, who: str = ""):
     """One nbval run: ``(records by cell index, hit the backstop, last 5 lines of output)``."""
     if total_timeout is None:
         n_code = sum(c.cell_type == "code" for c in nb.cells)
         total_timeout = 90 + n_code * (cell_timeout + 10)
     with tempfile.TemporaryDirectory(prefix="mha-course-check-") as tmp:
-        folders = RunFolders(Path(tmp)).make()
-        isolation.library.write(folders.lib)
-        nb_path = folders.run / "submission.ipynb"
-        nb_path.write_text(notebook_text(nb), encoding="utf-8")
-        (folders.run / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")
-        spec = folders.run / "kernel.json"
-        spec.write_text(json.dumps(kernel_spec(folders, isolation.bwrap, isolation.hidden)),
-                        encoding="utf-8")
-        mark = uuid.uuid4().hex
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("PYTEST_ADDOPTS", "FORCE_COLOR", "PYTHONSTARTUP")}
-        env.update(NO_COLOR="1", PY_COLORS="0", TERM="dumb", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
-                   JUPYTER_PLATFORM_DIRS="1", JUPYTER_RUNTIME_DIR=str(folders.kernel),
-                   PYTHONPATH=os.pathsep.join([str(folders.lib), env.get("PYTHONPATH", "")]),
-                   **{RUN_MARK: mark})
-        read_end, write_end = os.pipe()
-        cmd = [sys.executable, "-m", "pytest", "-p", "nbval.plugin", "-p", PLUGIN,
-               "--mha-report-fd", str(write_end), "--mha-kernel", str(spec), "--nbval",
-               "-p", "no:cacheprovider", "--color=no", "-q",
-               "--nbval-cell-timeout", str(cell_timeout), "-c", str(folders.run / "pytest.ini"),
-               "--rootdir", str(folders.run)]
-        if isolation.sanitize is not None:
-            sanitize = folders.run / "sanitize.cfg"
-            sanitize.write_text(isolation.sanitize, encoding="utf-8")
-            cmd += ["--nbval-sanitize-with", str(sanitize)]
-        cmd.append(str(nb_path))
+        active = ActiveRun(who, Path(tmp))
+        key = _register(active)
         try:
+            return _run_in(Path(tmp), nb, cell_timeout, isolation, total_timeout, active)
+        finally:
+            if active.cgroups is not None:
+                active.cgroups.remove()
+            _unregister(key)
+
+
+def _run_in(tmp: Path, nb, cell_timeout, isolation: Isolation, total_timeout, active: ActiveRun):
+    """The body of :func:`run_nbval_once`, in the run's registered folder ``tmp``."""
+    folders = RunFolders(tmp).make()
+    isolation.library.write(folders.lib)
+    nb_path = folders.run / "submission.ipynb"
+    nb_path.write_text(notebook_text(nb), encoding="utf-8")
+    (folders.run / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")
+    active.cgroups = KernelCgroups(isolation.limits, isolation.enforcement)
+    spec = folders.run / "kernel.json"
+    spec.write_text(json.dumps(kernel_spec(folders, isolation.bwrap, isolation.hidden,
+                                           isolation.limits, isolation.enforcement,
+                                           active.cgroups)), encoding="utf-8")
+    mark = uuid.uuid4().hex
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTEST_ADDOPTS", "FORCE_COLOR", "PYTHONSTARTUP")}
+    env.update(NO_COLOR="1", PY_COLORS="0", TERM="dumb", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
+               JUPYTER_PLATFORM_DIRS="1", JUPYTER_RUNTIME_DIR=str(folders.kernel),
+               PYTHONPATH=os.pathsep.join([str(folders.lib), env.get("PYTHONPATH", "")]),
+               **{RUN_MARK: mark})
+    read_end, write_end = os.pipe()
+    cmd = [sys.executable, "-m", "pytest", "-p", "nbval.plugin", "-p", PLUGIN,
+           *(arg for plugin in isolation.plugins for arg in ("-p", plugin)),
+           "--mha-report-fd", str(write_end), "--mha-kernel", str(spec), "--nbval",
+           "-p", "no:cacheprovider", "--color=no", "-q",
+           "--nbval-cell-timeout", str(cell_timeout), "-c", str(folders.run / "pytest.ini"),
+           "--rootdir", str(folders.run)]
+    if isolation.sanitize is not None:
+        sanitize = folders.run / "sanitize.cfg"
+        sanitize.write_text(isolation.sanitize, encoding="utf-8")
+        cmd += ["--nbval-sanitize-with", str(sanitize)]
+    cmd.append(str(nb_path))
+    try:
+        with _LOCK:  # so that stop_all() either sees this run's pytest or stops it starting
+            if _STOPPING.is_set():
+                raise Stopped
             proc = subprocess.Popen(cmd, cwd=folders.run, env=env, stdin=subprocess.DEVNULL,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     pass_fds=(write_end,), start_new_session=True)
-        except BaseException:
-            os.close(read_end)
-            raise
-        finally:
-            os.close(write_end)  # pytest holds the only write end now
-        report, output = bytearray(), bytearray()
-        streams = [(os.fdopen(read_end, "rb"), report, None), (proc.stdout, output, OUTPUT_TAIL)]
-        readers = [threading.Thread(target=_drain, args=a, daemon=True) for a in streams]
-        for reader in readers:
-            reader.start()
-        backstop = False
+            active.pid, active.mark = proc.pid, mark
+    except BaseException:
+        os.close(read_end)
+        raise
+    finally:
+        os.close(write_end)  # pytest holds the only write end now
+    report, output = bytearray(), bytearray()
+    streams = [(os.fdopen(read_end, "rb"), report, None), (proc.stdout, output, OUTPUT_TAIL)]
+    readers = [threading.Thread(target=_drain, args=a, daemon=True) for a in streams]
+    for reader in readers:
+        reader.start()
+    backstop = False
+    try:
+        proc.wait(timeout=total_timeout)
+    except subprocess.TimeoutExpired:
+        backstop = True
+    finally:
+        stop_run(proc.pid, mark)
+        active.cgroups.kill()
+        proc.wait()
+    for reader in readers:
+        reader.join(timeout=30)
+    records = {}
+    for line in report.decode("utf-8", "replace").splitlines():
         try:
-            proc.wait(timeout=total_timeout)
-        except subprocess.TimeoutExpired:
-            backstop = True
-        finally:
-            stop_run(proc.pid, mark)
-            proc.wait()
-        for reader in readers:
-            reader.join(timeout=30)
-        records = {}
-        for line in report.decode("utf-8", "replace").splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut short by the backstop
-            records[record["cell"]] = record
-        tail = clean(output.decode("utf-8", "replace")).strip().splitlines()[-5:]
-        return records, backstop, tail
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by the backstop
+        records[record["cell"]] = record
+    tail = clean(output.decode("utf-8", "replace")).strip().splitlines()[-5:]
+    return records, backstop, tail

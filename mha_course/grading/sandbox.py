@@ -11,20 +11,25 @@ kernel, and each nbval run gets its own temporary folder (:class:`RunFolders`):
   here (``PYTHONPATH``), and the kernel imports the checks before any learner code runs
   (:mod:`mha_course.grading.kernel`). A file a submission changes on disk is never read by
   another submission's run.
-- ``work/``: the kernel's working folder, the one place it may write.
+- ``work/``: the kernel's working folder without the sandbox. In the sandbox the kernel works
+  in ``/tmp/work`` instead, inside its private ``/tmp``: one ``tmpfs`` of the disk limit's size.
 - ``k/``: the kernel's connection file (and, in the sandbox, its IPC sockets).
 
 Where bubblewrap works (:func:`find_sandbox`), the kernel runs under :func:`bwrap_command`: the
-whole file system read-only except ``work/`` and ``k/``, a private ``/tmp``, ``/run`` and the
-folders the checker is told to hide (the course checkout with its solutions, the submissions)
-replaced by empty ones, no network, its own process and IPC namespaces, no capabilities; the
-sandbox dies with the process that started it.
+whole file system read-only except its private ``/tmp`` and ``k/``, ``/run`` and the folders
+the checker is told to hide (the course checkout with its solutions, the submissions) replaced
+by empty ones, no network, its own process, IPC and cgroup namespaces, no capabilities; the
+sandbox dies with the process that started it. The probe that decides whether bubblewrap works
+runs the same command as a real run (the Python installation bound back where a hidden folder or
+``/tmp`` holds it), so a checkout under ``/tmp`` is sandboxed too. What the kernel may use
+(memory, processes, disk) is in :mod:`mha_course.grading.limits`.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
+import json
 import os
 import py_compile
 import shutil
@@ -32,11 +37,16 @@ import site
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from .limits import ENV, Enforcement, Limits, kernel_env, launcher
+
 #: The module the kernel is started with (it imports the checks, then starts ipykernel).
 KERNEL_MODULE = "mha_course.grading.kernel"
+#: Where the kernel works inside the sandbox: in its private /tmp (one tmpfs, the disk limit).
+SANDBOX_WORK = "/tmp/work"
 #: Shown once per command when learners' code runs without a sandbox (completed by the reason).
 UNSANDBOXED = ("learners' code runs WITHOUT a sandbox: {reason}; it can read and write whatever "
                "you can (see the README's trust model)")
@@ -98,6 +108,124 @@ def files_changed(snapshot: dict[Path, bytes]) -> list[str]:
     return found
 
 
+#: The suffix of the file that keeps the bytes a file held when it was restored.
+CHANGED_SUFFIX = ".changed-during-check"
+
+
+@dataclass(frozen=True)
+class Change:
+    """A watched file found changed after a run (see :class:`FileGuard`)."""
+
+    path: Path
+    #: The submissions whose checks were running since the file was last seen unchanged.
+    during: tuple
+    #: Where the changed bytes were kept (None: the file was gone, or it was left as it is).
+    kept: Path | None = None
+    restored: bool = False
+    #: Why it could not be restored ("" when it was, or was left on purpose).
+    error: str = ""
+
+    def describe(self) -> str:
+        """One line for the report: ``PATH: changed while A was being checked; restored ...``."""
+        during = sorted(self.during)
+        who = (f"while {', '.join(during)} {'was' if len(during) == 1 else 'were'} being checked"
+               if during else "during the check")
+        if self.error:
+            return f"{self.path}: changed {who}; it could not be restored ({self.error})"
+        if not self.restored:
+            return f"{self.path}: changed {who}; left as it is now"
+        kept = (f", the changed bytes kept in {self.kept.name} beside it" if self.kept
+                else " (it had been deleted)")
+        return f"{self.path}: changed {who}; restored as it was before the check{kept}"
+
+
+def _readable_notebook(data: bytes | None) -> bool:
+    try:
+        nb = json.loads(data.decode("utf-8")) if data is not None else None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(nb, dict) and isinstance(nb.get("cells"), list)
+
+
+def _free_name(path: Path) -> Path:
+    """``NAME.changed-during-check``, or ``...-2``, ``-3`` when it exists."""
+    candidate, n = path.with_name(path.name + CHANGED_SUFFIX), 1
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}{CHANGED_SUFFIX}-{n}")
+    return candidate
+
+
+class FileGuard:
+    """Snapshots of the files no check may change, taken before any learner code runs.
+
+    After every run :meth:`verify` compares each file with its snapshot. Where a kernel could
+    have written it (``restore=True``: the checker runs unsandboxed), a changed file is put
+    back as it was, byte for byte and with its time stamp, and the bytes found are kept beside
+    it in ``NAME.changed-during-check``; a deleted file is written back. A learner's own
+    notebook (``own=True``, one notebook checked by itself) that still reads as a notebook is
+    left as it is: it is their save from an editor (and their code could only have written
+    their own file); the report says so. In the sandbox no kernel can write these files, so a
+    change comes from outside (an editor) and is only reported.
+    """
+
+    def __init__(self, restore: bool = False):
+        self.restore = restore
+        self._files: dict[Path, tuple[bytes, int | None, bool]] = {}
+        self._lock = threading.Lock()
+        self.changes: list[Change] = []
+
+    def add(self, path, data: bytes | None = None, own: bool = False) -> None:
+        """Watch ``path`` (its bytes now, or ``data`` read earlier); a missing file is skipped."""
+        path = Path(path)
+        try:
+            if data is None:
+                data = path.read_bytes()
+            mtime = path.stat().st_mtime_ns
+        except OSError:
+            return
+        with self._lock:
+            self._files.setdefault(path, (data, mtime, own))
+
+    def __len__(self) -> int:
+        return len(self._files)
+
+    def verify(self, during=()) -> list[Change]:
+        """Compare every file with its snapshot; restore or report each change (see above)."""
+        found = []
+        with self._lock:
+            for path, (data, mtime, own) in list(self._files.items()):
+                try:
+                    now = path.read_bytes()
+                except OSError:
+                    now = None
+                if now == data:
+                    continue
+                change = self._handle(path, data, mtime, own, now, tuple(during))
+                if not change.restored and not change.error:
+                    self._files[path] = (now, None, own)  # report it once, not after every run
+                found.append(change)
+            self.changes += found
+        return found
+
+    def _handle(self, path, data, mtime, own, now, during) -> Change:
+        if not self.restore or (own and _readable_notebook(now)):
+            return Change(path, during)
+        kept = None
+        try:
+            if now is not None:
+                kept = _free_name(path)
+                kept.write_bytes(now)
+            tmp = path.with_name(f".{path.name}.mha-course-restore")
+            tmp.write_bytes(data)
+            if mtime is not None:
+                os.utime(tmp, ns=(mtime, mtime))
+            os.replace(tmp, path)
+        except OSError as exc:
+            return Change(path, during, kept, error=str(exc))
+        return Change(path, during, kept, restored=True)
+
+
 @dataclass(frozen=True)
 class RunFolders:
     """The folders of one run (see the module docstring)."""
@@ -129,7 +257,7 @@ class RunFolders:
 def _base_args(bwrap: str) -> list[str]:
     args = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
             "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-            "--die-with-parent", "--new-session"]
+            "--unshare-cgroup-try", "--die-with-parent", "--new-session"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         args += ["--cap-drop", "ALL"]  # root in the sandbox could otherwise remount rw
     return args
@@ -140,7 +268,8 @@ def find_sandbox(enabled: bool = True) -> tuple[str | None, str]:
     """``(bwrap path, "")`` when each run can be sandboxed, else ``(None, why not)``.
 
     Bubblewrap is tried once per process (a container without user namespaces has the binary
-    but cannot use it).
+    but cannot use it), with the command a real run uses: the same mounts, this Python bound
+    back where ``/tmp`` or the hidden checkout holds it, and a disk-limited ``/tmp``.
     """
     if not enabled:
         return None, "--no-sandbox was given"
@@ -148,12 +277,16 @@ def find_sandbox(enabled: bool = True) -> tuple[str | None, str]:
     if bwrap is None:
         return None, ("bwrap (bubblewrap) is not installed; on Debian or Ubuntu: "
                       "apt-get install bubblewrap")
-    try:
-        probe = subprocess.run(_base_args(bwrap) + ["--tmpfs", "/tmp", "--remount-ro", "/tmp",
-                                                    "--", sys.executable, "-c", "pass"],
-                               capture_output=True, timeout=60, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return None, f"bwrap cannot start a sandbox here ({exc})"
+    with tempfile.TemporaryDirectory(prefix="mha-course-probe-") as tmp:
+        folders = RunFolders(Path(tmp)).make()
+        checkout = Path(__file__).resolve().parents[2]
+        command = bwrap_command(bwrap, folders, hidden=(checkout,), disk=16 * 1024**2)
+        try:
+            probe = subprocess.run(command + [sys.executable, "-c", "pass"],
+                                   capture_output=True, timeout=60, check=False,
+                                   cwd=folders.work)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return None, f"bwrap cannot start a sandbox here ({exc})"
     if probe.returncode != 0:
         err = probe.stderr.decode("utf-8", "replace").strip().splitlines()
         return None, f"bwrap cannot start a sandbox here ({err[-1] if err else probe.returncode})"
@@ -179,12 +312,14 @@ def _python_paths() -> list[Path]:
     return found
 
 
-def bwrap_command(bwrap: str, folders: RunFolders, hidden=()) -> list[str]:
+def bwrap_command(bwrap: str, folders: RunFolders, hidden=(), disk: int | None = None
+                  ) -> list[str]:
     """The ``bwrap ... --`` prefix that sandboxes the kernel of the run in ``folders``.
 
     ``hidden`` folders (the course checkout, the submissions) are replaced by empty ones; the
     Python installation is bound back read-only where it lies inside one of them (a ``.venv``
-    in the checkout).
+    in the checkout). The private ``/tmp`` (the kernel's home and working folder) is a tmpfs of
+    ``disk`` bytes (None: the tmpfs default, half the memory).
     """
     masks = [Path("/tmp")]
     if Path("/run").is_dir() and not Path("/run").is_symlink():
@@ -197,36 +332,48 @@ def bwrap_command(bwrap: str, folders: RunFolders, hidden=()) -> list[str]:
     masks = [m for i, m in enumerate(masks) if not any(_inside(m, o) for o in masks[:i])]
     args = _base_args(bwrap)
     for mask in masks:
+        if mask == Path("/tmp") and disk:
+            args += ["--size", str(int(disk))]
         args += ["--tmpfs", str(mask)]
     exposed = [p for p in _python_paths() if any(_inside(p, m) for m in masks)]
     exposed = sorted(exposed, key=lambda p: len(p.parts))
     exposed = [p for i, p in enumerate(exposed) if not any(_inside(p, o) for o in exposed[:i])]
     for path in exposed:
         args += ["--ro-bind", str(path), str(path)]
-    lib, work, kernel = (str(p.resolve()) for p in (folders.lib, folders.work, folders.kernel))
-    args += ["--ro-bind", lib, lib, "--bind", work, work, "--bind", kernel, kernel]
+    lib, kernel = (str(p.resolve()) for p in (folders.lib, folders.kernel))
+    args += ["--ro-bind", lib, lib, "--bind", kernel, kernel, "--dir", SANDBOX_WORK]
     for mask in masks:  # the empty folders are read-only too; /tmp is the kernel's own
         if mask != Path("/tmp"):
             args += ["--remount-ro", str(mask)]
     args += ["--setenv", "HOME", "/tmp", "--setenv", "IPYTHONDIR", "/tmp/.ipython",
              "--setenv", "MPLCONFIGDIR", "/tmp/.matplotlib",
              "--unsetenv", "JPY_PARENT_PID",  # its parent is the sandbox's init, not pytest
-             "--chdir", work, "--"]
+             "--chdir", SANDBOX_WORK, "--"]
     return args
 
 
-def kernel_spec(folders: RunFolders, bwrap: str | None, hidden=()) -> dict:
+def kernel_spec(folders: RunFolders, bwrap: str | None, hidden=(), limits: Limits | None = None,
+                enforcement: Enforcement | None = None, cgroups=None) -> dict:
     """How the nbval plugin starts the kernel (``--mha-kernel``): argv, transport, folders.
 
     In the sandbox the kernel has no network, so it talks to pytest over IPC sockets in ``k/``
     and is interrupted by a message rather than a signal (the signal would reach bwrap).
+    ``limits`` are applied as :mod:`~mha_course.grading.limits` says: the kernel joins its
+    ``cgroups`` (a :class:`~mha_course.grading.limits.KernelCgroups`) before anything runs, and
+    sets its own rlimits (the environment variable ``MHA_COURSE_LIMITS``).
     """
+    limits = limits or Limits(None, None, None)
+    enforcement = enforcement or Enforcement()
     kernel = folders.kernel.resolve()
     inner = [sys.executable, "-m", KERNEL_MODULE, "-f", "{connection_file}"]
+    prefix = launcher(cgroups.procs_files() if cgroups is not None else ())
+    env = {ENV: kernel_env(limits, nproc=bwrap is not None and enforcement.nproc_in_sandbox)}
     spec = {"cwd": str(folders.work.resolve()), "connection_file": str(kernel / "kernel.json"),
-            "env": {}}
+            "env": env, "limits": {"memory": limits.memory, "processes": limits.processes,
+                                   "disk": limits.disk},
+            "cgroups": [str(f) for f in cgroups.unique()] if cgroups is not None else []}
     if bwrap is None:
-        return {**spec, "argv": inner, "interrupt_mode": "signal", "transport": "tcp",
+        return {**spec, "argv": prefix + inner, "interrupt_mode": "signal", "transport": "tcp",
                 "ip": "127.0.0.1"}
-    return {**spec, "argv": bwrap_command(bwrap, folders, hidden) + inner,
+    return {**spec, "argv": prefix + bwrap_command(bwrap, folders, hidden, limits.disk) + inner,
             "interrupt_mode": "message", "transport": "ipc", "ip": str(kernel / "ipc")}

@@ -10,9 +10,12 @@ A record is what :mod:`mha_course.grading.nbval_plugin` writes for one code cell
      "got": "<text the cell printed>", "expected": "<text the solution printed>"}
 
 ``error`` is None when the kernel reported no exception; a cell nbval did not run has no
-record (None). Cells have roles (:class:`~mha_course.grading.notebooks.CellRole`): ``setup``,
-``solution`` (the learner's answer), ``check``, ``own`` (the learner's own cell, run before
-the answer) and the reference's other cells.
+record (None). A record may also say which of the kernel's limits was reached while the cell
+ran (``"limit": "the memory limit of 4 GiB per kernel was reached (...)"``); the verdict's
+message then ends with it. Cells have roles
+(:class:`~mha_course.grading.notebooks.CellRole`): ``setup``, ``solution`` (the learner's
+answer), ``check``, ``own`` (the learner's own cell, run before the answer) and the reference's
+other cells.
 """
 
 from __future__ import annotations
@@ -153,6 +156,38 @@ def failure_message(exercise: str, record: dict, role: CellRole) -> str:
     return "\n".join(trim(clean(message).split("\n"), 6))
 
 
+def with_limit(message: str, record: dict | None) -> str:
+    """``message``, and on its own line the limit the record says was reached, if any."""
+    limit = (record or {}).get("limit")
+    return f"{message}\n{limit}" if limit else message
+
+
+_IN_FUNCTION = re.compile(r"\(in your function `([^`\n]{1,100})`\)")
+_CELL_FRAME = re.compile(r"^Cell In\[\d+\], line \d+, in ([A-Za-z_][\w.]*)")
+
+
+def timed_out_function(record: dict) -> str | None:
+    """The learner's function that was running when a cell timed out, if the record says.
+
+    The grader names it in its message (``(in your function `double`)``); nbval's record of an
+    interrupted cell has the kernel's traceback, whose innermost frame in a notebook cell is
+    the learner's (the checks live in the package's files).
+
+    >>> timed_out_function({"message": "Timeout of 5 seconds exceeded executing cell (in your "
+    ...                                "function `double`)"})
+    'double'
+    >>> timed_out_function({"message": "Timeout of 5 seconds", "error": {"traceback": [
+    ...     "Cell In[2], line 1", "Cell In[1], line 2, in double(x)"]}})
+    'double'
+    """
+    found = _IN_FUNCTION.search(record.get("message", ""))
+    if found:
+        return found.group(1)
+    names = [m.group(1) for frame in ((record.get("error") or {}).get("traceback") or [])
+             if (m := _CELL_FRAME.match(clean(frame)))]
+    return names[-1] if names else None
+
+
 def kernel_died(record: dict) -> bool:
     """Whether the record says the kernel was lost: it died, or ignored the timeout's interrupt."""
     message = record.get("message", "")
@@ -187,7 +222,8 @@ def extra_output(record: dict, role: CellRole) -> str | None:
 def exercise_verdict(exercise: str, cells, timeout: float) -> tuple[Verdict, bool]:
     """Verdict for one exercise from ``[(record or None, role)]``; second value: kernel lost.
 
-    In order: a dead kernel or a timeout in any cell; the exercise's own stub (not attempted);
+    In order: a dead kernel or a timeout in any cell; the exercise's own stub, or nbgrader's
+    bare ``NotImplementedError()`` (not attempted);
     the first failing cell other than the learner's own (another exercise's stub, a check's
     message, an error, an output that differs); a cell that did not run (not checked); else
     passed. A check cell that printed its line and more passes with a note; a failing own
@@ -199,17 +235,25 @@ def exercise_verdict(exercise: str, cells, timeout: float) -> tuple[Verdict, boo
         message = record.get("message", "")
         if KERNEL_DIED in message or DEAD_ON_START in message:
             when = "while running" if KERNEL_DIED in message else "before"
-            return Verdict(exercise, "crashed", f"the kernel died {when} {role.label} "
-                           "(os._exit, sys.exit in a thread, a segfault or out of memory?)"), True
+            return Verdict(exercise, "crashed", with_limit(
+                f"the kernel died {when} {role.label} (os._exit, sys.exit in a thread, a "
+                "segfault or out of memory?)", record)), True
         if message.startswith("Timeout of"):
             lost = kernel_died(record)
-            return Verdict(exercise, "timed out", f"TIMED OUT after {timeout:g} s in {role.label}"
-                           + ("; it ignored the interrupt, so its kernel was stopped"
-                              if lost else "")), lost
+            function = timed_out_function(record)
+            where = role.label if function is None else (
+                f"your function `{function}` (called by {role.label})" if role.role == "check"
+                else f"your function `{function}`, in {role.label}")
+            return Verdict(exercise, "timed out", with_limit(
+                f"TIMED OUT after {timeout:g} s in {where}"
+                + ("; it ignored the interrupt, so its kernel was stopped" if lost else ""),
+                record)), lost
     for record, _ in cells:
         error = (record or {}).get("error") or {}
         evalue = clean(error.get("evalue", ""))
-        stub = evalue.startswith(f"Exercise {exercise}:")
+        # the course's stub names its exercise; nbgrader's (``raise NotImplementedError()``
+        # under ``# YOUR CODE HERE``, in an exported assignment) says nothing
+        stub = evalue.startswith(f"Exercise {exercise}:") or not evalue
         if error.get("ename") == "NotImplementedError" and stub:
             return Verdict(exercise, "not attempted"), False
     notes = []
@@ -234,7 +278,8 @@ def exercise_verdict(exercise: str, cells, timeout: float) -> tuple[Verdict, boo
             return Verdict(exercise, "failed", f"this exercise uses Exercise {other.group(1)}, "
                            "which still raises NotImplementedError: do that one first",
                            notes), False
-        return Verdict(exercise, "failed", failure_message(exercise, record, role), notes), False
+        return Verdict(exercise, "failed", with_limit(failure_message(exercise, record, role),
+                                                      record), notes), False
     if any(record is None for record, role in cells if role.role != "own"):
         return Verdict(exercise, "not checked", "a cell of this exercise did not run",
                        notes), False

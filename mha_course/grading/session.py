@@ -1,0 +1,459 @@
+"""The grader's conversation with the learner's kernel: proxies, values, callbacks, timeouts.
+
+Not taught in a lesson: grading mode's channel (see :mod:`mha_course.grading.grader`, which
+runs the checks, and :mod:`mha_course.grading.remote`, the kernel's side). A :class:`Session`
+lasts one check cell: it starts :func:`~mha_course.grading.remote.serve` in the kernel, accepts
+its connection on a Unix socket in the run's kernel folder (or uses the kernel's stdin channel),
+and then
+
+- gets the learner's names: values (numbers, strings, tuples, lists, dicts, numeric arrays)
+  decoded without pickle (:meth:`Session.decode`), anything else as a :class:`Proxy` whose
+  attributes and calls go to the kernel (:class:`CallableProxy`);
+- calls the learner's functions with the check's arguments, pickled for the kernel (the grader's
+  own functions among them, a check's ``f(x)``, become callbacks the kernel calls back), and
+  gets back the result, the error (rebuilt by :func:`remote_error`), a forbidden call the
+  kernel saw, the arguments changed in place, the peak memory when asked, and the state of
+  every NumPy Generator passed (so the grader's advance as the kernel's did);
+- stops at the cell's deadline: the kernel is interrupted and, if it does not answer within
+  :data:`INTERRUPT_GRACE` seconds, stopped (:class:`RemoteTimeout`, naming the learner's
+  function); a kernel that dies raises :class:`KernelLost`.
+"""
+
+from __future__ import annotations
+
+import base64
+import builtins
+import contextlib
+import functools
+import io
+import json
+import os
+import pickle
+import socket
+import sys
+import time
+import types
+import uuid
+
+import numpy as np
+import zmq
+
+from .remote import BUILTIN_ERRORS, TEXT_LIMIT, from_npy, generators, recv_frame, send_frame
+
+#: How long an interrupted cell may take to answer before its kernel is stopped (nbval's).
+INTERRUPT_GRACE = 5.0
+SERVE = "import mha_course.grading.remote as _mha_course_remote\n_mha_course_remote.serve"
+_NUMPY_ERRORS = {"LinAlgError": np.linalg.LinAlgError,
+                 "AxisError": getattr(getattr(np, "exceptions", np), "AxisError", ValueError)}
+
+
+class RemoteTimeout(BaseException):  # noqa: N818 (not an Exception: checks must not catch it)
+    """The learner's function ran past the cell's time limit."""
+
+    def __init__(self, function: str, interrupted: bool):
+        super().__init__(function)
+        self.function, self.interrupted = function, interrupted
+
+
+class KernelLost(BaseException):  # noqa: N818
+    """The learner's kernel died while the grader waited for it."""
+
+
+class RemoteBroken(Exception):
+    """The kernel stopped answering the grader (its side of the conversation is gone)."""
+
+
+@functools.lru_cache(maxsize=256)
+def _error_class(name: str, module: str, base: type) -> type:
+    return type(name, (base,), {"__module__": module})
+
+
+def remote_error(data) -> Exception:
+    """The exception the learner's code raised, rebuilt here from its name, bases and message.
+
+    >>> e = remote_error({"type": "ValueError", "module": "builtins", "bases": ["ValueError"],
+    ...                   "message": "bad shape"})
+    >>> type(e) is ValueError, str(e)
+    (True, 'bad shape')
+    >>> e = remote_error({"type": "MyError", "module": "__main__", "bases": ["KeyError"],
+    ...                   "message": "x"})
+    >>> isinstance(e, KeyError), type(e).__name__
+    (True, 'MyError')
+    """
+    data = data if isinstance(data, dict) else {}
+    name = str(data.get("type", "Exception"))[:100] or "Exception"
+    module = str(data.get("module", ""))[:100]
+    message = str(data.get("message", ""))[:TEXT_LIMIT]
+    if module == "builtins" and name in BUILTIN_ERRORS:
+        return getattr(builtins, name)(message)
+    if name in _NUMPY_ERRORS and module.startswith("numpy"):
+        return _NUMPY_ERRORS[name](message)
+    found = data.get("bases") if isinstance(data.get("bases"), list) else []
+    bases = [b for b in found if b in BUILTIN_ERRORS]
+    base = getattr(builtins, bases[0]) if bases else Exception
+    return _error_class(name, module or "learner", base)(message)
+
+
+class Proxy:
+    """An object that lives in the learner's kernel: attributes and calls go there."""
+
+    def __init__(self, session, ref: int, name: str):
+        self._mha_session, self._mha_ref, self._mha_name = session, ref, name
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("__") or attr.startswith("_mha_"):
+            raise AttributeError(attr)
+        return self._mha_session.getattr(self, attr)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} in the learner's kernel>"
+
+
+class CallableProxy(Proxy):
+    """A function (or callable object) of the learner's kernel."""
+
+    def __call__(self, *args, **kwargs):
+        outcome = self._mha_session.call(self, args, kwargs)
+        if "error" in outcome:
+            raise remote_error(outcome["error"])
+        return outcome["value"]
+
+    def mha_course_remote_call(self, args, kwargs, forbid=(), inplace=True,
+                               measure=False) -> dict:
+        """The call as :func:`mha_course.checks.harness.call` needs it: ``{"value" or "error",
+        "found": [rule, written, canonical, helper] or None, "changed": [argument indices],
+        "peak": bytes (with ``measure``)}``, the error rebuilt (see :func:`remote_error`)."""
+        outcome = self._mha_session.call(self, args, kwargs, forbid=list(forbid),
+                                         inplace=inplace, measure=measure)
+        if "error" in outcome:
+            outcome["error"] = remote_error(outcome["error"])
+        return outcome
+
+
+@functools.lru_cache(maxsize=256)
+def _proxy_class(name: str, is_callable: bool) -> type:
+    """A proxy class named like the learner's type, so messages read "got Attention"."""
+    base = CallableProxy if is_callable else Proxy
+    safe = "".join(c for c in name if c.isalnum() or c == "_")[:60] or base.__name__
+    return type(safe, (base,), {})
+
+
+class _Pickler(pickle.Pickler):
+    """The grader's arguments for the kernel: proxies and the learner's own objects by reference,
+    the grader's functions (a check's ``f(x)``) as callbacks, the rest by value."""
+
+    def __init__(self, file, session):
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.session = session
+
+    def persistent_id(self, obj):
+        if isinstance(obj, Proxy):
+            return ("ref", obj._mha_ref)
+        origin = self.session.origins.get(id(obj))
+        if origin is not None and origin[0] is obj:
+            return ("ref", origin[1])
+        if isinstance(obj, (types.MethodType, functools.partial)) or (
+                isinstance(obj, types.FunctionType) and not _importable(obj)):
+            self.session.callbacks.append(obj)
+            return ("cb", len(self.session.callbacks) - 1)
+        return None
+
+
+def _importable(fn) -> bool:
+    """Whether pickle can send ``fn`` by name (a module's function, not a closure or lambda)."""
+    obj = sys.modules.get(getattr(fn, "__module__", None) or "")
+    for part in getattr(fn, "__qualname__", "<lambda>").split("."):
+        obj = getattr(obj, part, None)
+    return obj is fn
+
+
+class Session:
+    """One check cell's conversation with :func:`~mha_course.grading.remote.serve` in the kernel.
+
+    ``kernel`` is nbval's ``RunningKernel``; every wait ends at ``deadline`` (then the kernel
+    is interrupted, see :class:`RemoteTimeout`) or when the kernel dies (:class:`KernelLost`).
+    """
+
+    def __init__(self, kernel, deadline: float):
+        self.kernel, self.deadline = kernel, deadline
+        self.kc = kernel.kc
+        self.msg_id = None
+        #: ``{id(object): (object, kernel reference)}`` of values that came from the kernel.
+        self.origins: dict = {}
+        self.callbacks: list = []
+        self.current = ""  # the learner's function running now, for the timeout's message
+        self.open = False
+        self.conn = None  # the Unix socket to the kernel (None: the stdin channel)
+
+    # ---------------------------------------------------------------- values from the kernel
+
+    def decode(self, data, depth: int = 0):
+        """The kernel's JSON value as Python objects (no pickle; arrays with allow_pickle=False)."""
+        if data is None or isinstance(data, (bool, int, float, str)):
+            return data
+        if not isinstance(data, dict) or depth > 60:
+            raise RemoteBroken("the kernel sent a value the grader cannot read")
+        if "nd" in data:
+            return self._remember(from_npy(data["nd"]), data.get("id"))
+        if "np" in data:
+            return from_npy(data["np"])[()]
+        if "complex" in data:
+            real, imag = data["complex"]
+            return complex(float(real), float(imag))
+        if "bytes" in data:
+            return base64.b64decode(data["bytes"])
+        if "ref" in data:
+            name = str(data.get("type", "object"))
+            proxy = _proxy_class(name, bool(data.get("callable")))(self, int(data["ref"]), name)
+            return proxy
+        for kind in ("list", "tuple", "set", "frozenset"):
+            if kind in data:
+                items = [self.decode(x, depth + 1) for x in data[kind]]
+                value = {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset}[kind]
+                return self._remember(value(items), data.get("id"), kind == "list")
+        if "dict" in data:
+            value = {self.decode(k, depth + 1): self.decode(v, depth + 1) for k, v in data["dict"]}
+            return self._remember(value, data.get("id"))
+        raise RemoteBroken("the kernel sent a value the grader cannot read")
+
+    def _remember(self, value, ref, keep: bool = True):
+        if keep and isinstance(ref, int) and not isinstance(ref, bool):
+            self.origins[id(value)] = (value, ref)
+        return value
+
+    # ------------------------------------------------------------------------- the channel
+
+    def start(self) -> None:
+        """Start :func:`~mha_course.grading.remote.serve` in the kernel and connect to it.
+
+        The grader listens on a Unix socket in the run's kernel folder (which the sandbox
+        shares with the kernel): one connection, accepted once, for this cell only. Where that
+        is impossible (a path too long for a Unix socket) the kernel's stdin channel is used.
+        """
+        folder = os.path.dirname(getattr(getattr(self.kernel, "km", None), "connection_file",
+                                         "") or "")
+        path = os.path.join(folder, f"g{uuid.uuid4().hex[:12]}.sock") if folder else ""
+        listener = None
+        if path and len(path.encode()) < 100 and hasattr(socket, "AF_UNIX"):
+            with contextlib.suppress(OSError):
+                listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                listener.bind(path)
+                listener.listen(1)
+        code = SERVE + (f"({path!r})" if listener is not None else "()")
+        self.msg_id = self.kc.execute(code, silent=False, store_history=False,
+                                      allow_stdin=listener is None, stop_on_error=False)
+        self.open = True
+        try:
+            if listener is not None:
+                self._wait(listener)
+                self.conn, _ = listener.accept()
+        finally:
+            if listener is not None:
+                listener.close()
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+        first = self._receive()
+        if not first.get("ready"):
+            raise RemoteBroken("the kernel did not start answering the grader")
+
+    def request(self, message: dict) -> dict:
+        self._send(json.dumps(message))
+        answer = self._receive()
+        if "reply" not in answer or not isinstance(answer["reply"], dict):
+            raise RemoteBroken("the kernel sent something other than an answer")
+        return answer["reply"]
+
+    def _send(self, text: str) -> None:
+        if self.conn is None:
+            self.kc.input(text)
+            return
+        self.conn.settimeout(max(0.1, self.deadline - time.monotonic()))
+        try:
+            send_frame(self.conn, text)
+        except OSError:
+            raise RemoteBroken("the kernel stopped reading the grader's messages") from None
+
+    def _wait(self, sock=None, on_deadline=None):
+        """Wait until ``sock`` (default: the channel) is readable; mind the deadline, the
+        kernel's death and the end of the cell (its execute_reply)."""
+        poller = zmq.Poller()
+        shell = self.kc.shell_channel.socket
+        channel = sock if sock is not None else (
+            self.conn if self.conn is not None else self.kc.stdin_channel.socket)
+        poller.register(channel, zmq.POLLIN)
+        poller.register(shell, zmq.POLLIN)
+        while True:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                return self._time_out() if on_deadline is None else on_deadline()
+            ready = dict(poller.poll(int(min(left, 1.0) * 1000) + 1))
+            if any(key is channel or key == getattr(channel, "fileno", lambda: -1)()
+                   for key in ready):
+                return True
+            if shell in ready:
+                msg = self.kc.shell_channel.get_msg(timeout=0)
+                if msg["parent_header"].get("msg_id") == self.msg_id:
+                    self.open = False
+                    content = msg.get("content", {})
+                    detail = (f": {content.get('ename')}: {content.get('evalue')}"
+                              if content.get("status") == "error" else "")
+                    raise RemoteBroken("your kernel stopped answering the grader"
+                                       + str(detail)[:300])
+                continue
+            if not self.kernel.is_alive():
+                self.open = False
+                raise KernelLost()
+
+    def _receive(self, on_deadline=None) -> dict | None:
+        """The kernel's next message of this cell; answers its callbacks on the way.
+
+        At the deadline: :meth:`_time_out` (or ``on_deadline()``, whose result is returned).
+        """
+        while True:
+            waited = self._wait(on_deadline=on_deadline)
+            if waited is not True:
+                return waited
+            if self.conn is not None:
+                self.conn.settimeout(max(0.1, self.deadline - time.monotonic()))
+                try:
+                    text = recv_frame(self.conn)
+                except TimeoutError:  # stuck in the middle of a message: the channel is lost
+                    with contextlib.suppress(Exception):
+                        self.kernel.stop()
+                    self.conn, self.open = None, False
+                    raise RemoteTimeout(self.current or "the check", interrupted=False) from None
+                except (EOFError, OSError, ValueError, UnicodeDecodeError):
+                    self.conn = None
+                    self.open = False
+                    if not self.kernel.is_alive():
+                        raise KernelLost() from None
+                    raise RemoteBroken("your kernel stopped answering the grader") from None
+            else:
+                msg = self.kc.stdin_channel.get_msg(timeout=0)
+                if msg["parent_header"].get("msg_id") != self.msg_id:
+                    continue
+                text = msg["content"].get("prompt", "")
+            try:
+                prompt = json.loads(text)
+            except (json.JSONDecodeError, TypeError):
+                raise RemoteBroken("the kernel sent the grader something unreadable") from None
+            if isinstance(prompt, dict) and "callback" in prompt:
+                self._answer_callback(prompt)
+                continue
+            return prompt if isinstance(prompt, dict) else {}
+
+    def _answer_callback(self, prompt: dict) -> None:
+        try:
+            fn = self.callbacks[int(prompt["callback"])]
+            args, kwargs = self.decode(prompt["args"])
+            value = fn(*args, **dict(kwargs))
+            reply = {"value": self._pickle(value)}
+        except Exception as exc:
+            reply = {"error": {"type": type(exc).__name__, "message": str(exc)[:TEXT_LIMIT]}}
+        self._send(json.dumps(reply))
+
+    def _time_out(self):
+        """Interrupt the kernel; raise :class:`RemoteTimeout` once it answered or was stopped."""
+        function = self.current or "the check"
+        with contextlib.suppress(Exception):
+            self.kernel.interrupt()
+        self.deadline = time.monotonic() + INTERRUPT_GRACE
+        try:
+            answer = self._receive(on_deadline=lambda: None)
+        except (KernelLost, RemoteBroken):
+            answer = None
+        if answer is None:
+            with contextlib.suppress(Exception):
+                self.kernel.stop()
+            self.open = False
+        raise RemoteTimeout(function, interrupted=answer is not None)
+
+    def _pickle(self, value) -> str:
+        buf = io.BytesIO()
+        _Pickler(buf, self).dump(value)
+        return base64.b64encode(buf.getvalue()).decode("ascii")
+
+    # --------------------------------------------------------------------------- requests
+
+    def get(self, name: str):
+        reply = self.request({"op": "get", "name": name})
+        if "error" in reply:
+            raise remote_error(reply["error"])
+        value = self.decode(reply.get("value"))
+        if isinstance(value, Proxy):
+            value._mha_name = name
+        return value
+
+    def getattr(self, proxy: Proxy, attr: str):
+        reply = self.request({"op": "getattr", "ref": proxy._mha_ref, "name": attr})
+        if "error" in reply:
+            raise remote_error(reply["error"])
+        value = self.decode(reply.get("value"))
+        if isinstance(value, Proxy):
+            value._mha_name = f"{proxy._mha_name}.{attr}"
+        return value
+
+    def call(self, proxy: Proxy, args, kwargs, forbid=(), inplace=False,
+             measure=False) -> dict:
+        self.current = proxy._mha_name
+        payload = self._pickle((tuple(args), dict(kwargs)))
+        try:
+            reply = self.request({"op": "call", "ref": proxy._mha_ref, "args": payload,
+                                  "forbid": list(forbid), "inplace": bool(inplace),
+                                  "measure": bool(measure)})
+        finally:
+            self.current = ""
+        outcome = {"found": None, "changed": []}
+        found = reply.get("found")
+        if isinstance(found, list) and len(found) == 4 and all(isinstance(x, str) for x in found):
+            outcome["found"] = [x[:200] for x in found]
+        changed = reply.get("changed")
+        if isinstance(changed, list):
+            outcome["changed"] = [i for i in changed if isinstance(i, int)]
+        peak = reply.get("peak")
+        if isinstance(peak, int) and not isinstance(peak, bool):
+            outcome["peak"] = peak
+        if "error" in reply:
+            outcome["error"] = reply["error"]
+        elif "value" in reply:
+            outcome["value"] = self.decode(reply["value"])
+        elif outcome["found"] is None:
+            raise RemoteBroken("the kernel answered a call without a result")
+        self._sync_generators([args, kwargs], reply.get("states"))
+        return outcome
+
+    def _sync_generators(self, args, states) -> None:
+        """Advance the grader's Generators as the learner's function advanced the kernel's."""
+        if not isinstance(states, list):
+            return
+        mine = generators(args)
+        for gen, state in zip(mine, states, strict=False):
+            with contextlib.suppress(Exception):
+                gen.bit_generator.state = self.decode(state)
+
+    def finish(self) -> str:
+        """End the conversation; return what the learner's code printed during it."""
+        if self.msg_id is None:
+            return ""
+        if self.open:
+            with contextlib.suppress(Exception):
+                self._send(json.dumps({"op": "done"}))
+        if self.conn is not None:
+            with contextlib.suppress(OSError):
+                self.conn.close()
+            self.conn = None
+        printed = []
+        end = time.monotonic() + INTERRUPT_GRACE
+        while time.monotonic() < end and self.kernel.is_alive():
+            try:
+                msg = self.kc.get_iopub_msg(timeout=max(0.05, end - time.monotonic()))
+            except Exception:
+                break
+            if msg["parent_header"].get("msg_id") != self.msg_id:
+                continue
+            if msg["msg_type"] == "stream":
+                printed.append(msg["content"].get("text", ""))
+            elif msg["msg_type"] == "status" and msg["content"].get("execution_state") == "idle":
+                break
+        self.open = False
+        return "".join(printed)
