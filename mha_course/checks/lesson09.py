@@ -25,6 +25,7 @@ from ..models.gpt import GPT, GPTConfig
 from ..models.sampling import next_token, top_p_filter
 from ..softmax import softmax
 from .harness import call, compare, fail, passed
+from .measure import check_rng
 
 __all__ = ["check_cached_sampling", "check_decode_positions", "check_rms_norm_backward",
            "check_swiglu_sublayer", "check_top_p"]
@@ -67,7 +68,7 @@ def _first_difference(got, want, T0) -> str:
 def check_rms_norm_backward(fn) -> None:
     """Exercise 09.1: ``rms_norm_backward(grad_y, x, weight, eps) -> (dx, dweight)``."""
     ex = "09.1"
-    rng = np.random.default_rng(901)
+    rng = check_rng(901)
     for shape, eps in (((2, 3, 5), 1e-5), ((4, 7), 0.1), ((6,), 1e-5)):
         _rms_case(ex, fn, rng, shape, eps)
     passed(ex, "dx and dweight match mha_course.block.rms_norm_backward for x (2, 3, 5), "
@@ -119,7 +120,7 @@ def check_swiglu_sublayer(fn) -> None:
     """Exercise 09.2: ``mlp_sublayer(x, norm_weight, W_gate, W_up, W_down, eps)``: the MLP half
     of a pre-norm block, ``x + swiglu(rms_norm(x))``."""
     ex = "09.2"
-    rng = np.random.default_rng(902)
+    rng = check_rng(902)
     for shape, d_ff in (((2, 3, 6), 10), ((5, 4), 7)):
         _sublayer_case(ex, fn, rng, shape, d_ff)
     passed(ex, "x + SwiGLU(RMSNorm(x)) matches the package for x (2, 3, 6) with d_ff = 10 and "
@@ -175,7 +176,7 @@ def _top_p_variant(logits, p, rule):
 def check_top_p(fn) -> None:
     """Exercise 09.3: ``top_p_filter(logits, p)``: the nucleus kept, ``-inf`` elsewhere."""
     ex = "09.3"
-    rng = np.random.default_rng(903)
+    rng = check_rng(903)
     probes = [("3 rows of 7 logits, p=0.9", rng.normal(size=(3, 7)) * 2, 0.9),
               ("3 rows of 7 logits, p=0.3", rng.normal(size=(3, 7)) * 2, 0.3),
               ("one row of 10 logits, p=0.75", rng.normal(size=10), 0.75),

@@ -20,6 +20,7 @@ from ..serving.decoder import ContiguousCache, Decoder, attend_groups, rotate
 from ..serving.roofline import GPUS, critical_batch, decode_step_cost, model_sizes
 from ..serving.speculative import improvement_factor, tree_depths, tree_mask
 from .harness import as_array, call, compare, fail, fmt, passed
+from .measure import check_rng
 
 __all__ = ["check_best_draft_length", "check_critical_batch",
            "check_decode_step_bytes", "check_tree_verification"]
@@ -158,7 +159,7 @@ def check_tree_verification(fn) -> None:
     """Exercise 10.4: ``tree_mask_and_positions(parents, n_cached)`` -> ``(mask, positions)``."""
     ex = "10.4"
     dec = Decoder.random(vocab=17, d_model=16, n_layers=2, h=4, n_kv_heads=2, rng=1005)
-    rng = np.random.default_rng(1005)
+    rng = check_rng(1005)
     for parents, n_cached in (([-1, 0, 1], 5), ([-1, -1, 0, 0, 1], 7),
                               ([-1, 0, 0, 1, 2, -1, 5], 4)):
         N = len(parents)

@@ -20,6 +20,7 @@ from ..parallel.collectives import Cluster, meta
 from ..parallel.ring import ring_attention, sequence_layout
 from ..precision import format_info, round_to
 from .harness import call, compare, fail, fmt_shape, passed
+from .measure import check_rng
 
 __all__ = [
     "check_accumulator_stall",
@@ -87,7 +88,7 @@ _OWN_RING = {
 def check_ring_all_reduce(fn) -> None:
     """Exercise 11.2: ``ring_all_reduce(cluster, shards)`` -> list of p arrays, from sends."""
     ex = "11.2"
-    rng = np.random.default_rng(1102)
+    rng = check_rng(1102)
     for p, shape in ((4, (12,)), (3, (2, 9)), (5, (7,)), (2, (3, 4, 2)), (1, (6,))):
         shards = [rng.normal(size=shape) for _ in range(p)]
         want = np.sum(shards, axis=0)
@@ -182,7 +183,7 @@ def check_ring_work(fn) -> None:
 def check_cu_seqlens_from_positions(fn) -> None:
     """Exercise 11.4: ``cu_seqlens_from_positions(position_ids)`` -> (n_docs + 1,) ints."""
     ex = "11.4"
-    rng = np.random.default_rng(1104)
+    rng = check_rng(1104)
     probes = [[3, 1, 4], [5], [1, 1, 1], [2, 7, 1, 3], list(rng.integers(1, 9, size=12))]
     for lengths in probes:
         want = cu_seqlens(lengths)

@@ -17,6 +17,7 @@ from ..logit_control import qk_norm, soft_cap
 from ..sinks import softmax_with_sink
 from ..softmax import softmax
 from .harness import call, compare, fail, passed
+from .measure import check_rng
 
 __all__ = ["check_capped_weights", "check_delta_write", "check_qk_norm_fused",
            "check_sink_softmax"]
@@ -34,7 +35,7 @@ def check_capped_weights(fn) -> None:
     """Exercise 12.1: ``capped_weights(scores, mask, cap)``: the softmax weights of soft-capped,
     masked scores, the cap applied before the mask."""
     ex = "12.1"
-    rng = np.random.default_rng(1201)
+    rng = check_rng(1201)
     for shape, cap in (((2, 3, 4, 6), 5.0), ((5, 7), 50.0), ((3, 2, 9), 1.5)):
         for mask in _masks(rng, *shape[-2:]):
             _capped_case(ex, fn, rng.normal(scale=4.0 * cap, size=shape), mask, cap)
@@ -70,7 +71,7 @@ def check_sink_softmax(fn) -> None:
     """Exercise 12.2: ``sink_softmax(scores, sinks)``: weights of (..., h, T, S) scores with one
     learned sink logit per head in the denominator only."""
     ex = "12.2"
-    rng = np.random.default_rng(1202)
+    rng = check_rng(1202)
     for shape in ((2, 3, 4, 5), (4, 6, 3), (1, 2, 7, 7)):
         _sink_case(ex, fn, rng.normal(scale=2.0, size=shape), rng.normal(scale=1.5,
                                                                          size=shape[-3]))
@@ -107,7 +108,7 @@ def check_qk_norm_fused(fn) -> None:
     """Exercise 12.3: ``qk_norm_fused(x, h, gain, eps)``: per-head RMSNorm of a fused
     (..., T, h·d_k) projection, returned fused."""
     ex = "12.3"
-    rng = np.random.default_rng(1203)
+    rng = check_rng(1203)
     for shape, h in (((2, 5, 12), 3), ((7, 8), 2), ((2, 3, 4, 20), 5)):
         d_k = shape[-1] // h
         x = rng.normal(size=shape) * rng.uniform(0.1, 10.0, size=h).repeat(d_k)
@@ -147,7 +148,7 @@ def check_delta_write(fn) -> None:
     """Exercise 12.4: ``delta_write(S, k, v, beta)``: one write of the delta rule to a
     (d_k, d_v) state, k already of unit length."""
     ex = "12.4"
-    rng = np.random.default_rng(1204)
+    rng = check_rng(1204)
     for d_k, d_v, beta in ((5, 5, 0.25), (4, 6, 1.0), (7, 3, 0.5)):
         k = rng.normal(size=d_k)
         _delta_case(ex, fn, rng.normal(size=(d_k, d_v)), k / np.linalg.norm(k),

@@ -19,6 +19,7 @@ from ..logit_control import qk_norm, soft_cap
 from ..softmax import softmax
 from . import properties as P
 from .harness import call, compare, fmt, passed
+from .measure import check_rng
 from .properties import array, require
 
 __all__ = ["check_per_head_qk_norm", "check_softcap_before_mask"]
@@ -34,7 +35,7 @@ PER_HEAD = ("each head is normalised on its own: scaling one head's queries chan
 def check_softcap_before_mask(fn) -> None:
     """Exercise 13.25: ``capped_attention(q, k, v, mask, cap)`` -> (out, weights) with the
     scores soft-capped before the mask."""
-    ex, rng = "13.25", np.random.default_rng(1327)
+    ex, rng = "13.25", check_rng(1327)
     for B, h, T, S, d_k, d_v, cap in ((2, 3, 4, 6, 5, 7, 1.0), (1, 2, 5, 5, 3, 4, 2.5)):
         q = rng.normal(size=(B, h, T, d_k)) * 2
         k = rng.normal(size=(B, h, S, d_k)) * 2
@@ -72,7 +73,7 @@ def check_softcap_before_mask(fn) -> None:
 def check_per_head_qk_norm(fn) -> None:
     """Exercise 13.26: ``qk_normed(x, h, gain, eps)`` -> a fused (..., T, h·d_k) projection with
     each head RMS-normalised on its own."""
-    ex, rng = "13.26", np.random.default_rng(1328)
+    ex, rng = "13.26", check_rng(1328)
     for shape, h in (((2, 5, 12), 3), ((3, 4, 2, 10), 5)):
         d_k = shape[-1] // h
         x = rng.normal(size=shape)

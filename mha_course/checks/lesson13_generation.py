@@ -26,6 +26,7 @@ from .. import (
 from ..models.sampling import top_p_filter
 from . import properties as P
 from .harness import call, compare, fmt, passed
+from .measure import check_rng
 from .properties import array, require
 
 __all__ = ["check_decode_offset", "check_nucleus", "check_temperature"]
@@ -79,7 +80,7 @@ def _nucleus_variant(logits, p, rule):
 
 def check_nucleus(fn) -> None:
     """Exercise 13.16: ``nucleus_probs(logits, p)`` -> the distribution top-p samples from."""
-    ex, rng = "13.16", np.random.default_rng(1316)
+    ex, rng = "13.16", check_rng(1316)
     probes = [("for probabilities [0.4, 0.3, 0.2, 0.1] and p = 0.8",
                np.log(np.array([0.4, 0.3, 0.2, 0.1])), 0.8),
               ("for probabilities [0.5, 0.41, 0.09] and p = 0.9",
@@ -115,7 +116,7 @@ def check_nucleus(fn) -> None:
 # ------------------------------------------------------ 13.17 temperature that cancels out
 def check_temperature(fn) -> None:
     """Exercise 13.17: ``sampling_probs(logits, temperature)`` -> softmax(logits / τ)."""
-    ex, rng = "13.17", np.random.default_rng(1317)
+    ex, rng = "13.17", check_rng(1317)
     for shape in ((6,), (2, 4, 7)):
         logits = rng.normal(size=shape) * 2
         outs = {}
@@ -172,7 +173,7 @@ def _offset_decode(layer, x, n_prompt, rule):
 def check_decode_offset(fn) -> None:
     """Exercise 13.18: ``cached_outputs(layer, x, n_prompt)``: prefill ``x[:n_prompt]``, then
     one position at a time over a cache; equal to the layer's causal forward."""
-    ex, rng = "13.18", np.random.default_rng(1318)
+    ex, rng = "13.18", check_rng(1318)
     for layer, T, n_prompt in (
             (MultiHeadAttention(16, 4, n_kv_heads=2, rope="half", rng=rng), 9, 4),
             (MultiHeadAttention(8, 2, 6, 5, rope="interleaved", rng=rng), 7, 3),

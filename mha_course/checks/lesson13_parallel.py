@@ -19,6 +19,7 @@ from ..packing import varlen_mask
 from ..parallel.collectives import Cluster
 from . import properties as P
 from .harness import call, fail, pair, passed
+from .measure import check_rng
 from .properties import array, require
 
 __all__ = ["check_lse_merge", "check_packed_documents", "check_row_parallel_bias"]
@@ -46,7 +47,7 @@ def _row_parallel(cluster, concat_shards, W_o_shards, b_o, how):
 
 def check_row_parallel_bias(fn) -> None:
     """Exercise 13.22: ``row_parallel_out(cluster, concat_shards, W_o_shards, b_o)`` -> list."""
-    ex, rng = "13.22", np.random.default_rng(1324)
+    ex, rng = "13.22", check_rng(1324)
     for p, T, d_model, d_head in ((2, 3, 5, 4), (4, 4, 6, 2), (3, 2, 7, 3)):
         concat = rng.normal(size=(T, p * d_head))  # every head's output, side by side
         W_o = rng.normal(size=(p * d_head, d_model))
@@ -104,7 +105,7 @@ def _packed_variant(layer, x, lengths, reset_positions, block_mask):
 
 def check_packed_documents(fn) -> None:
     """Exercise 13.23: ``packed_forward(layer, x, lengths)`` -> (total, d_model)."""
-    ex, rng = "13.23", np.random.default_rng(1325)
+    ex, rng = "13.23", check_rng(1325)
     for d_model, h, lengths in ((8, 2, [3, 5, 2]), (12, 3, [4, 1, 6, 3]), (6, 1, [7])):
         layer = MultiHeadAttention(d_model, h, rng=rng)
         x = rng.normal(size=(sum(lengths), d_model))
@@ -162,7 +163,7 @@ def _parts(rng, T, S, d, split, empty_row=False, gap=0.0):
 
 def check_lse_merge(fn) -> None:
     """Exercise 13.24: ``merge(out_a, lse2_a, out_b, lse2_b)`` -> (out, lse), lse natural."""
-    ex, rng = "13.24", np.random.default_rng(1326)
+    ex, rng = "13.24", check_rng(1326)
     for T, S, d, split, empty, gap in ((3, 7, 4, 3, False, 0.0), (4, 9, 5, 5, True, 0.0),
                                        (2, 6, 3, 2, False, 3000.0)):
         args, (want, want_lse) = _parts(rng, T, S, d, split, empty, gap)

@@ -17,6 +17,7 @@ from ..serving.paged import PagedStore
 from ..serving.scheduler import CostModel, Request, serve
 from . import properties as P
 from .harness import call, fail, fmt, passed
+from .measure import check_rng
 
 __all__ = ["check_prefix_keys", "check_speculative_rollback", "check_speculative_residual"]
 
@@ -176,7 +177,7 @@ def _speculative(target, draft, prompt, n_new, k, keep=lambda n, a: n + 1 + a):
 def check_speculative_rollback(fn) -> None:
     """Exercise 13.20: ``speculative_greedy(target, draft, prompt, n_new, k)`` -> list of ints."""
     ex = "13.20"
-    rng = np.random.default_rng(1321)
+    rng = check_rng(1321)
     target, draft = (Decoder.random(vocab=11, d_model=16, n_layers=2, h=4, n_kv_heads=2,
                                     rng=1321) for _ in range(2))
     noise = np.random.default_rng(5)
@@ -215,7 +216,7 @@ def check_speculative_rollback(fn) -> None:
 def check_speculative_residual(fn) -> None:
     """Exercise 13.21: ``verify_one(p, q, x)`` -> ``(accept_probability, replacement)``."""
     ex = "13.21"
-    rng = np.random.default_rng(1322)
+    rng = check_rng(1322)
     for V in (3, 6, 11):
         for _ in range(2):
             p = rng.dirichlet(np.ones(V))
