@@ -10,20 +10,16 @@ stable success line, the stub passes through, ``None`` and exceptions fail) is t
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-import nbformat
 import numpy as np
 import pytest
+from drill_cells import define, drill_cells
 from hypothesis import given
 from hypothesis import strategies as st
 
 import mha_course
 from mha_course import checks
 from mha_course.checks import CheckFailed, lesson13, lesson13_decoding, properties
-
-ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOK = ROOT / "solutions" / "13_interview_drill.ipynb"
 
 CHECKS = {
     "13.1": "check_head_scale", "13.2": "check_causal_off_by_one",
@@ -37,23 +33,11 @@ CHECKS = {
 
 
 def _cells():
-    """{exercise: {role: source}} from the solution notebook (the broken cell as "broken")."""
-    found: dict[str, dict[str, str]] = {}
-    for cell in nbformat.read(NOTEBOOK, as_version=4).cells:
-        info = cell.metadata.get("mha_course", {})
-        role = "broken" if info.get("kind") == "broken" else info.get("role")
-        if "exercise" in info and role in ("broken", "solution"):
-            found.setdefault(info["exercise"], {})[role] = cell.source
-    return found
+    return drill_cells()
 
 
 def _define(source: str, prefix: str):
-    """Run a cell's source (its demo lines too) and return the function it defines."""
-    ns = {"np": np, "mha_course": mha_course, "checks": checks, "__name__": "drill"}
-    exec(compile(source, f"<{prefix}>", "exec"), ns)  # noqa: S102  (the course's own cells)
-    names = [n for n, v in ns.items() if callable(v) and getattr(v, "__module__", "") == "drill"
-             and n.startswith(prefix)]
-    return ns[names[0]]
+    return define(source, prefix)
 
 
 CELLS = _cells()

@@ -9,41 +9,23 @@ The broken functions and the solutions are read from the notebook a learner sees
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import nbformat
 import numpy as np
 import pytest
+from drill_cells import define, drill_cells
 
 import mha_course
 from mha_course import checks
 from mha_course.checks import CheckFailed, lesson13_block2025, properties
 
-ROOT = Path(__file__).resolve().parent.parent
 CHECKS = {"13.25": "check_softcap_before_mask", "13.26": "check_per_head_qk_norm"}
 
 
 def _cells():
-    """{exercise: {role: source}} for 13.25-13.26, from the drill's solutions."""
-    for path in (ROOT / "solutions" / "13_interview_drill.ipynb",):
-        found: dict[str, dict[str, str]] = {}
-        if path.is_file():
-            for cell in nbformat.read(path, as_version=4).cells:
-                info = cell.metadata.get("mha_course", {})
-                role = "broken" if info.get("kind") == "broken" else info.get("role")
-                if info.get("exercise") in CHECKS and role in ("broken", "solution"):
-                    found.setdefault(info["exercise"], {})[role] = cell.source
-        if sorted(found) == sorted(CHECKS):
-            return found
-    raise AssertionError("exercises 13.25-13.26 are not in the drill's solutions")
+    return drill_cells(CHECKS)
 
 
 def _define(source: str, prefix: str):
-    ns = {"np": np, "mha_course": mha_course, "checks": checks, "__name__": "drill"}
-    exec(compile(source, f"<{prefix}>", "exec"), ns)  # noqa: S102  (the course's own cells)
-    names = [n for n, v in ns.items() if callable(v) and getattr(v, "__module__", "") == "drill"
-             and n.startswith(prefix)]
-    return ns[names[0]]
+    return define(source, prefix)
 
 
 CELLS = _cells()

@@ -10,42 +10,25 @@ line, ``None`` and exceptions fail) is tested by ``tests/test_checks.py`` over
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import nbformat
 import numpy as np
 import pytest
+from drill_cells import define, drill_cells
 
 import mha_course
 from mha_course import checks
 from mha_course.checks import CheckFailed, lesson13_parallel
 from mha_course.parallel.collectives import Cluster
 
-ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOK = ROOT / "solutions" / "13_interview_drill.ipynb"
-
 CHECKS = {"13.22": "check_row_parallel_bias", "13.23": "check_packed_documents",
           "13.24": "check_lse_merge"}
 
 
 def _cells():
-    found: dict[str, dict[str, str]] = {}
-    for cell in nbformat.read(NOTEBOOK, as_version=4).cells:
-        info = cell.metadata.get("mha_course", {})
-        role = "broken" if info.get("kind") == "broken" else info.get("role")
-        if info.get("exercise") in CHECKS and role in ("broken", "solution"):
-            found.setdefault(info["exercise"], {})[role] = cell.source
-    return found
+    return drill_cells(CHECKS)
 
 
 def _define(source: str, prefix: str):
-    """Run a cell's source (its demo lines too, silenced) and return the function it defines."""
-    ns = {"np": np, "mha_course": mha_course, "checks": checks, "Cluster": Cluster,
-          "__name__": "drill", "print": lambda *a, **k: None}
-    exec(compile(source, f"<{prefix}>", "exec"), ns)  # noqa: S102  (the course's own cells)
-    names = [n for n, v in ns.items() if callable(v) and getattr(v, "__module__", "") == "drill"
-             and n.startswith(prefix)]
-    return ns[names[0]]
+    return define(source, prefix, Cluster=Cluster, print=lambda *a, **k: None)
 
 
 CELLS = _cells()

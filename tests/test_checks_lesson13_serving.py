@@ -12,19 +12,15 @@ from __future__ import annotations
 
 import functools
 import itertools
-from pathlib import Path
 
-import nbformat
 import numpy as np
 import pytest
+from drill_cells import define, drill_cells
 
-import mha_course
 from mha_course import checks
 from mha_course.checks import CheckFailed, lesson13_serving
 from mha_course.serving.decoder import ContiguousCache
 
-ROOT = Path(__file__).resolve().parent.parent
-DRILL = ROOT / "solutions" / "13_interview_drill.ipynb"
 CHECKS = {"13.19": "check_prefix_keys", "13.20": "check_speculative_rollback",
           "13.21": "check_speculative_residual"}
 BROKEN_PROPERTY = {"13.19": lesson13_serving.PREFIX, "13.20": lesson13_serving.SPEC_GREEDY,
@@ -32,27 +28,11 @@ BROKEN_PROPERTY = {"13.19": lesson13_serving.PREFIX, "13.20": lesson13_serving.S
 
 
 def _cells():
-    found: dict[str, dict[str, str]] = {}
-    for path in (DRILL,):
-        if not path.exists():
-            continue
-        for cell in nbformat.read(path, as_version=4).cells:
-            info = cell.metadata.get("mha_course", {})
-            role = "broken" if info.get("kind") == "broken" else info.get("role")
-            if info.get("exercise") in CHECKS and role in ("broken", "solution"):
-                found.setdefault(info["exercise"], {})[role] = cell.source
-        if set(found) == set(CHECKS):
-            return found
-    return found
+    return drill_cells(CHECKS)
 
 
 def _define(source: str, prefix: str):
-    ns = {"np": np, "mha_course": mha_course, "checks": checks, "ContiguousCache": ContiguousCache,
-          "__name__": "drill"}
-    exec(compile(source, f"<{prefix}>", "exec"), ns)  # noqa: S102  (the course's own cells)
-    names = [n for n, v in ns.items() if callable(v) and getattr(v, "__module__", "") == "drill"
-             and n.startswith(prefix)]
-    return ns[names[0]]
+    return define(source, prefix, ContiguousCache=ContiguousCache)
 
 
 CELLS = _cells()
