@@ -9,12 +9,8 @@ Each `check` spawns a kernel, so the tests share runs through module-scoped fixt
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import csv
-import importlib.util
-import io
-import os
 import re
 import shutil
 import subprocess
@@ -24,13 +20,14 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from cli_helpers import make_class as load_make_class
+from cli_helpers import run_cli
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
 from jupyter_client.manager import KernelManager
 
 from mha_course.grading import run
 from mha_course.grading.bundle import build_bundle
 from mha_course.grading.check import check_notebook
-from mha_course.grading.cli import main
 from mha_course.grading.generate import (
     exercise_ids,
     find_stale,
@@ -50,17 +47,6 @@ ANSI = re.compile(r"\x1b\[")
 ANSI_CODE = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def run_cli(*args, cwd=None):
-    """Run ``python -m mha_course ARGS`` in this process; return (exit code, stdout + stderr)."""
-    buf = io.StringIO()
-    old = Path.cwd()
-    os.chdir(cwd or ROOT)
-    try:
-        with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
-            code = main([str(a) for a in args])
-    finally:
-        os.chdir(old)
-    return code, buf.getvalue()
 
 
 def learner_copy(exercise_nb: Path, target: Path, answers: dict, outputs_from: Path | None = None):
@@ -547,10 +533,7 @@ def test_make_check_ex_3_checks_lesson_03_without_makes_error_line():
 
 def test_the_timing_class_has_thirty_learners_right_wrong_unanswered_one_hang_one_crash(tmp_path):
     """tests/data/make_class.py builds the folder the issue's timing is measured on."""
-    spec = importlib.util.spec_from_file_location("make_class", ROOT / "tests" / "data" /
-                                                  "make_class.py")
-    make_class = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(make_class)
+    make_class = load_make_class()
     paths = make_class.make_class(tmp_path, 30)
     assert len(paths) == 30
     kinds = []

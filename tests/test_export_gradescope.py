@@ -13,11 +13,8 @@ exercise are those ``python -m mha_course check --assignment`` gives the same no
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import csv
-import importlib.util
-import io
 import json
 import os
 import shutil
@@ -30,8 +27,8 @@ from pathlib import Path
 import jsonschema
 import nbformat
 import pytest
+from cli_helpers import make_class, run_cli
 
-from mha_course.grading.cli import main
 from mha_course.grading.export_gradescope import ROOT_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,24 +37,8 @@ SCHEMA = json.loads((ROOT / "tests" / "data" / "gradescope_results.schema.json")
 CRASH = "import os\nos._exit(1)"
 
 
-def make_class():
-    spec = importlib.util.spec_from_file_location("make_class", ROOT / "tests" / "data" /
-                                                  "make_class.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
-def run_cli(*args, cwd):
-    buf = io.StringIO()
-    old = Path.cwd()
-    os.chdir(cwd)
-    try:
-        with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
-            code = main([str(a) for a in args])
-    finally:
-        os.chdir(old)
-    return code, buf.getvalue()
 
 
 def test_the_schema_accepts_the_documented_example_and_rejects_what_the_docs_do_not_allow():

@@ -15,11 +15,8 @@ without it these tests skip, unless ``MHA_COURSE_REQUIRE_NBGRADER=1`` (CI).
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import csv
-import importlib.util
-import io
 import json
 import os
 import re
@@ -29,8 +26,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from cli_helpers import make_class, run_cli
 
-from mha_course.grading.cli import main
 from mha_course.grading.export_nbgrader import NBGRADER_VERSION
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,24 +37,8 @@ NBGRADER_KEYS = {"grade", "grade_id", "locked", "points", "schema_version", "sol
                  "checksum", "cell_type"}
 
 
-def make_class():
-    spec = importlib.util.spec_from_file_location("make_class", ROOT / "tests" / "data" /
-                                                  "make_class.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
-def run_cli(*args, cwd):
-    buf = io.StringIO()
-    old = Path.cwd()
-    os.chdir(cwd)
-    try:
-        with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
-            code = main([str(a) for a in args])
-    finally:
-        os.chdir(old)
-    return code, buf.getvalue()
 
 
 def nbgrader_executable() -> Path:

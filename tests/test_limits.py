@@ -32,6 +32,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from cli_helpers import run_cli_split as run_cli
 
 from mha_course.grading import check as check_module
 from mha_course.grading import limits as lim
@@ -112,16 +113,6 @@ def submission(exercises: Path, target: Path, answers: dict, own_cell: str | Non
     return target
 
 
-def run_cli(*args, cwd):
-    out, err = io.StringIO(), io.StringIO()
-    old = Path.cwd()
-    os.chdir(cwd)
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main([str(a) for a in args])
-    finally:
-        os.chdir(old)
-    return code, out.getvalue(), err.getvalue()
 
 
 def reports_of(out: str) -> dict[str, str]:

@@ -16,7 +16,6 @@ package, stopping a run's processes). Then two classes of submissions are checke
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import shutil
@@ -33,11 +32,11 @@ from pathlib import Path
 import nbformat
 import psutil
 import pytest
+from cli_helpers import run_cli_split as run_cli
 
 from mha_course.grading import check as check_module
 from mha_course.grading import sandbox
 from mha_course.grading.check import Checker
-from mha_course.grading.cli import main
 from mha_course.grading.run import RUN_MARK, stop_run
 from mha_course.grading.sandbox import Library, RunFolders, bwrap_command, kernel_spec
 
@@ -62,16 +61,6 @@ def require_sandbox() -> str:
     return bwrap
 
 
-def run_cli(*args, cwd):
-    out, err = io.StringIO(), io.StringIO()
-    old = Path.cwd()
-    os.chdir(cwd)
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main([str(a) for a in args])
-    finally:
-        os.chdir(old)
-    return code, out.getvalue(), err.getvalue()
 
 
 # ------------------------------------------------------------------------------ the pieces
