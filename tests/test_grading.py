@@ -626,9 +626,10 @@ def test_a_class_with_failures_but_every_notebook_read_exits_0(tmp_path):
 
 
 def make_dry_run(*args) -> str:
-    """The command ``make -n ARGS`` would run, its continuation lines joined."""
-    out = subprocess.run(["make", "-n", *args], cwd=ROOT, capture_output=True, text=True,
-                         check=True).stdout
+    """The command ``make -n ARGS`` would run, its continuation lines joined (without the
+    "Entering directory" lines a make inside ``make test`` would print)."""
+    out = subprocess.run(["make", "-n", "--no-print-directory", *args], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
     return " ".join(out.replace("\\\n", " ").split())
 
 

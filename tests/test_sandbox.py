@@ -372,6 +372,12 @@ def test_the_sandbox_stops_every_attack_and_the_classmates_verdicts_stand(sandbo
 def test_each_attack_fails_inside_the_sandbox_with_a_note(sandboxed_attack, needle, error):
     ada, _ = ada_and_zoe(sandboxed_attack["out"])
     notes = [line for line in ada.split("\n") if "note:" in line and needle in line]
+    if needle == "pwned-by-a-submission.txt" and ROOT.is_relative_to(tempfile.gettempdir()):
+        # A checkout under /tmp lies under the sandbox's own empty /tmp: the write lands there,
+        # or finds no folder, and never on disk (test_the_sandbox_stops_every_attack_... checks
+        # that nothing was written).
+        assert all("Read-only" in line or "FileNotFoundError" in line for line in notes), ada
+        return
     assert notes and all(error in line for line in notes), ada
 
 

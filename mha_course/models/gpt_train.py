@@ -58,7 +58,7 @@ def learning_rate(step: int, steps: int, lr: float, warmup: int) -> float:
     Examples
     --------
     >>> [round(learning_rate(s, 100, 1.0, 10), 3) for s in (0, 9, 10, 55, 99)]
-    [0.1, 1.0, 1.0, 0.55, 0.1]
+    [0.1, 1.0, 1.0, 0.542, 0.1]
     """
     if step < warmup:
         return lr * (step + 1) / warmup
