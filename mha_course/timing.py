@@ -18,6 +18,10 @@ times with it too and checks every share it prints with the last two functions h
   means the peak (or the bandwidth) was measured badly, not that the program beat the machine.
   A timing cell whose output the tests cannot compare calls them, so a wrong peak makes the cell
   fail instead of printing a wrong table.
+- :func:`measure_roofline` times a roofline's probes (a matrix product for the peak, copies for
+  the bandwidths) and its points in the same rounds, in turns, so a busy moment cannot lower the
+  roof alone; it adds rounds while a point is above its roof and refuses one still above after
+  the last. The decision is the pure function :func:`roofline_verdict`.
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ import math
 import numbers as numbers_module
 import time
 import timeit
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
 from ._validate import fail, validate_positive_int
 
@@ -38,7 +43,7 @@ except ImportError:  # an optional extra: the lesson then times NumPy with all i
 
 
 def best_time(fn: Callable[[], object], repeat: int = 5, number: int = 1,
-              budget: float = 0.1) -> float:
+              budget: float = 0.1, timer: Callable[[], float] = time.process_time) -> float:
     """Fastest of up to ``repeat`` runs of ``number`` calls of ``fn``, in CPU seconds per call.
 
     Repeating stops early once ``budget`` CPU seconds are spent, so a slow function is run few
@@ -54,6 +59,8 @@ def best_time(fn: Callable[[], object], repeat: int = 5, number: int = 1,
         Calls per run (raise it for calls of a few microseconds, which one clock tick can hide).
     budget : float, default 0.1
         CPU seconds after which no further run starts.
+    timer : callable returning seconds, default ``time.process_time``
+        The clock (tests pass a fake one).
 
     Returns
     -------
@@ -77,21 +84,22 @@ def best_time(fn: Callable[[], object], repeat: int = 5, number: int = 1,
     number = validate_positive_int(func, "number", number)
     best, spent = float("inf"), 0.0
     for _ in range(repeat):
-        t = timeit.timeit(fn, number=number, timer=time.process_time)
+        t = timeit.timeit(fn, number=number, timer=timer)
         best, spent = min(best, t), spent + t
         if spent > budget:
             break
     return best / number
 
 
-def best_of_alternating(functions: dict[str, Callable[[], object]],
-                        rounds: int = 3) -> dict[str, float]:
+def best_of_alternating(functions: dict[str, Callable[[], object]], rounds: int = 3,
+                        timer: Callable[[], float] = time.process_time) -> dict[str, float]:
     """Time each function once per round, in turns, and keep each one's fastest call.
 
     Parameters
     ----------
     functions : dict of str -> callable taking no arguments
     rounds : int, default 3
+    timer : callable returning seconds, default ``time.process_time``
 
     Returns
     -------
@@ -114,10 +122,15 @@ def best_of_alternating(functions: dict[str, Callable[[], object]],
     rounds = validate_positive_int(func, "rounds", rounds)
     if not functions:
         raise fail(func, "functions is empty; expected at least one callable")
-    best = dict.fromkeys(functions, float("inf"))
+    return _more_rounds(dict.fromkeys(functions, math.inf), functions, rounds, timer)
+
+
+def _more_rounds(best: dict[str, float], functions: dict[str, Callable[[], object]], rounds: int,
+                 timer: Callable[[], float]) -> dict[str, float]:
+    # a, b, c, a, b, c, ...: each function once per round, keeping its fastest call
     for _ in range(rounds):
         for name, fn in functions.items():
-            best[name] = min(best[name], best_time(fn, repeat=1))
+            best[name] = min(best[name], best_time(fn, repeat=1, timer=timer))
     return best
 
 
@@ -219,6 +232,141 @@ def share_of_roof(achieved: float, intensity: float, peak: float, bandwidth: flo
                          "roofline, so the peak or the bandwidth was measured badly (or the "
                          "intensity counts bytes the step does not move through that memory)")
     return achieved / roof
+
+
+@dataclass(frozen=True)
+class RoofPoint:
+    """One step on a roofline: the timed call it comes from, its intensity, the memory it uses.
+
+    ``timed`` names a call of :func:`measure_roofline` (two points may share one call, e.g. a
+    softmax held to two memories); ``memory`` names the copy whose bandwidth is its slanted roof.
+    """
+
+    timed: str
+    intensity: float
+    memory: str
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """A roofline and its points, all from the same rounds (GFLOP/s, GB/s, shares in (0, 1])."""
+
+    peak: float
+    bandwidth: dict[str, float]
+    achieved: dict[str, float]
+    share: dict[str, float]
+    rounds: int
+
+
+def roofline_verdict(seconds: dict[str, float], work: dict[str, float], matmuls: Sequence[str],
+                     copies: Sequence[str], points: dict[str, RoofPoint], rounds: int,
+                     max_rounds: int) -> Roofline | None:
+    """Decide from the best times so far: every point under its roof, measure more, or refuse.
+
+    A pure function of plain numbers. The peak is the best rate of the matrix products, each
+    bandwidth the rate of its copy, each point's rate its call's work over its best time.
+
+    Parameters
+    ----------
+    seconds : dict of str -> float
+        Best seconds per call of every timed call so far.
+    work : dict of str -> float
+        Work per call: FLOPs for a matrix product or a point's call, bytes for a copy.
+    matmuls : sequence of str
+        The matrix products (points may be among them): the flat roof is their best rate.
+    copies : sequence of str
+        The copies: each one's rate is the bandwidth of its memory.
+    points : dict of str -> RoofPoint
+    rounds, max_rounds : int
+        Rounds timed so far, and the most there will be.
+
+    Returns
+    -------
+    Roofline or None
+        The roofline when every point is under its roof; ``None`` when one is above it and rounds
+        remain (a roof timed in a slow moment rises with more rounds; a wrong point does not).
+
+    Raises
+    ------
+    ValueError
+        When a point is still above its roof after ``max_rounds`` rounds (from
+        :func:`share_of_roof`), or a rate is not positive and finite.
+
+    Examples
+    --------
+    >>> points = {"softmax": RoofPoint("softmax", 0.5, "copy")}
+    >>> seconds = {"matmul": 1.0, "copy": 1.0, "softmax": 1.0}
+    >>> work = {"matmul": 100e9, "copy": 20e9, "softmax": 5e9}
+    >>> roofline_verdict(seconds, work, ["matmul"], ["copy"], points, 1, 3).share
+    {'softmax': 0.5}
+    >>> work["softmax"] = 15e9  # above its roof of 20 GB/s x 0.5 = 10 GFLOP/s
+    >>> roofline_verdict(seconds, work, ["matmul"], ["copy"], points, 1, 3) is None
+    True
+    """
+    rate = {name: work[name] / t / 1e9 if t > 0 else math.inf for name, t in seconds.items()}
+    peak = max(rate[name] for name in matmuls)
+    bandwidth = {name: rate[name] for name in copies}
+    achieved = {name: rate[p.timed] for name, p in points.items()}
+    above = [name for name, p in points.items()
+             if achieved[name] > min(peak, bandwidth[p.memory] * p.intensity)]
+    if above and rounds < max_rounds:
+        return None  # time another round before judging
+    share = {name: share_of_roof(achieved[name], p.intensity, peak, bandwidth[p.memory], name)
+             for name, p in points.items()}  # raises for a point still above its roof
+    return Roofline(peak, bandwidth, achieved, share, rounds)
+
+
+def measure_roofline(calls: dict[str, Callable[[], object]], work: dict[str, float],
+                     matmuls: Sequence[str], copies: Sequence[str],
+                     points: dict[str, RoofPoint], rounds: int = 5, max_rounds: int = 20,
+                     timer: Callable[[], float] = time.process_time) -> Roofline:
+    """Time a roofline's probes and points in the same rounds, in turns; judge the best of each.
+
+    ``rounds`` rounds first (every call once per round, in turns: the roof and the points see
+    the same moments of the machine); then one more round at a time while
+    :func:`roofline_verdict` finds a point above its roof, up to ``max_rounds``.
+
+    Parameters
+    ----------
+    calls : dict of str -> callable taking no arguments
+        Every call to time: the matrix products, the copies and the points' steps.
+    work, matmuls, copies, points
+        As in :func:`roofline_verdict`; every name must be a key of ``calls``.
+    rounds : int, default 5
+    max_rounds : int, default 20
+    timer : callable returning seconds, default ``time.process_time``
+
+    Returns
+    -------
+    Roofline
+
+    Raises
+    ------
+    ValueError
+        If a name is unknown, ``rounds`` exceeds ``max_rounds``, or a point is still above its
+        roof after ``max_rounds`` rounds.
+    """
+    func = "measure_roofline"
+    rounds = validate_positive_int(func, "rounds", rounds)
+    max_rounds = validate_positive_int(func, "max_rounds", max_rounds, minimum=rounds)
+    named = {"work": list(work), "matmuls": list(matmuls), "copies": list(copies),
+             "points' timed calls": [p.timed for p in points.values()]}
+    for what, names in named.items():
+        unknown = sorted(set(names) - set(calls))
+        if unknown:
+            raise fail(func, f"{what} name {unknown} not in calls; expected one of {list(calls)}")
+    unknown = sorted({p.memory for p in points.values()} - set(copies))
+    if unknown or set(calls) - set(work):
+        raise fail(func, f"every point's memory must be a copy and every call needs its work; "
+                         f"got memories {unknown} not in copies, calls without work "
+                         f"{sorted(set(calls) - set(work))}")
+    best = _more_rounds(dict.fromkeys(calls, math.inf), calls, rounds, timer)
+    done = rounds
+    while (verdict := roofline_verdict(best, work, matmuls, copies, points, done,
+                                       max_rounds)) is None:
+        best = _more_rounds(best, calls, 1, timer)
+        done += 1
+    return verdict
 
 
 def _check_positive(func: str, **numbers: float) -> None:

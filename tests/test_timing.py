@@ -114,8 +114,9 @@ def test_numpy_floats_are_numbers_too():
 
 def test_lesson_07s_timing_cells_check_what_they_print():
     """The performance lab's outputs are not compared by nbval, so the cells that print shares
-    must compute them with the refusing functions above, the roofline before it is drawn, and
-    every other timing cell must assert something about what it prints."""
+    must compute them with the refusing functions above, the roofline (roof and points timed in
+    the same rounds) before it is drawn, and every other timing cell must assert something about
+    what it prints."""
     from pathlib import Path
 
     import nbformat
@@ -126,12 +127,118 @@ def test_lesson_07s_timing_cells_check_what_they_print():
     lab = [s for s in ignored if "% peak" in s]
     roof = [s for s in ignored if "of its roof" in s]
     assert len(lab) == 1 and "share_of_peak(" in lab[0]
-    assert len(roof) == 1 and "share_of_roof(" in roof[0]
-    assert roof[0].index("share_of_roof(") < roof[0].index("plt.subplots(")
+    assert len(roof) == 1 and "measure_roofline(" in roof[0]
+    assert roof[0].index("measure_roofline(") < roof[0].index("plt.subplots(")
     # Every ignored cell that times something or prints a share (not the tile stepper's widget
     # view, nor the count of contenders, which differs without PyTorch).
     timers = ("best_time(", "best_of_alternating(", "share_of_", "secs")
     timed = [s for s in ignored if any(k in s for k in timers)]
     assert len(timed) >= 6
     for source in timed:
-        assert "assert " in source or "share_of_" in source, source.splitlines()[0]
+        assert "assert " in source or "share_of_" in source or "measure_roofline(" in source, (
+            source.splitlines()[0])
+
+
+# ------------------------------------------- the roofline: roof and points from the same rounds
+# Lesson 07's Run All once stopped on a loaded machine: "softmax, 5 passes is above its roof:
+# achieved 1.3 GFLOP/s, roof 0.5 GFLOP/s (bandwidth 3.4 x intensity 0.156)": the bandwidth had
+# been timed in a slow moment, the softmax in a fast one. These numbers replay it.
+SOFTMAX = {"softmax, 5 passes": timing.RoofPoint("softmax", 5 / 32, "copy within L2")}
+NAMES = {"matmuls": ["matmul"], "copies": ["copy within L2"], "points": SOFTMAX}
+WORK = {"matmul": 50e9, "copy within L2": 1e9, "softmax": 1.3e9}  # per call: FLOPs, bytes
+
+
+def seconds(copy_gb_per_s, softmax_gflop_per_s=1.3):
+    return {"matmul": 1.0, "copy within L2": 1 / copy_gb_per_s,
+            "softmax": 1.3 / softmax_gflop_per_s}
+
+
+def test_a_point_above_a_roof_timed_slow_asks_for_another_round_while_rounds_remain():
+    assert timing.roofline_verdict(seconds(3.4), WORK, **NAMES, rounds=5, max_rounds=20) is None
+
+
+def test_once_the_roof_is_timed_fast_the_same_point_is_under_it():
+    roof = timing.roofline_verdict(seconds(60.0), WORK, **NAMES, rounds=6, max_rounds=20)
+    assert roof.share == {"softmax, 5 passes": pytest.approx(1.3 / (60.0 * 5 / 32))}
+    assert roof.peak == 50.0 and roof.bandwidth == {"copy within L2": 60.0} and roof.rounds == 6
+
+
+def test_a_point_still_above_its_roof_after_the_last_round_is_refused():
+    with pytest.raises(ValueError, match=r"share_of_roof: softmax, 5 passes is above its roof: "
+                                         r"achieved 1\.3 GFLOP/s, roof 0\.5 GFLOP/s "
+                                         r"\(bandwidth 3\.4 x intensity 0\.156\)"):
+        timing.roofline_verdict(seconds(3.4), WORK, **NAMES, rounds=20, max_rounds=20)
+
+
+def test_the_peak_is_the_best_of_every_matrix_product_including_the_points():
+    points = {"scores": timing.RoofPoint("scores", 28.4, "copy within L2")}
+    roof = timing.roofline_verdict({"matmul": 1.0, "copy within L2": 0.1, "scores": 0.5},
+                                   {"matmul": 40e9, "copy within L2": 1e9, "scores": 30e9},
+                                   ["matmul", "scores"], ["copy within L2"], points, 1, 1)
+    assert roof.peak == 60.0 and roof.share == {"scores": 1.0}
+
+
+class FakeClock:
+    """A clock that moves only when a scripted call says how long it took."""
+
+    def __init__(self):
+        self.now, self.log = 0.0, []
+
+    def __call__(self):
+        return self.now
+
+    def call(self, name, durations):
+        durations = iter(durations)
+
+        def run():
+            self.log.append(name)
+            self.now += next(durations)
+        return run
+
+
+def fake_roofline(clock, copy_durations, softmax_seconds=1.0):
+    calls = {"matmul": clock.call("matmul", [1.0] * 50),
+             "copy within L2": clock.call("copy within L2", copy_durations),
+             "softmax": clock.call("softmax", [softmax_seconds] * 50)}
+    return calls
+
+
+def test_measure_roofline_times_roof_and_points_in_turns_and_adds_rounds_until_the_roof_rises():
+    clock = FakeClock()
+    # the copy is slow (3.4 GB/s) in the first three rounds, fast (60 GB/s) from the fourth on
+    calls = fake_roofline(clock, [1 / 3.4] * 3 + [1 / 60] * 47)
+    roof = timing.measure_roofline(calls, WORK, **NAMES, rounds=2, max_rounds=8, timer=clock)
+    assert clock.log == ["matmul", "copy within L2", "softmax"] * 4  # interleaved, 2 + 1 + 1 rounds
+    assert roof.rounds == 4
+    assert roof.bandwidth == {"copy within L2": pytest.approx(60.0)}
+    assert roof.share["softmax, 5 passes"] == pytest.approx(1.3 / (60.0 * 5 / 32))
+
+
+def test_measure_roofline_refuses_a_point_above_its_roof_in_every_round():
+    clock = FakeClock()
+    calls = fake_roofline(clock, [1 / 60] * 50, softmax_seconds=1.3 / 20)  # 20 GFLOP/s > 9.4
+    with pytest.raises(ValueError, match=r"softmax, 5 passes is above its roof: achieved 20\.0"):
+        timing.measure_roofline(calls, WORK, **NAMES, rounds=2, max_rounds=6, timer=clock)
+    assert len(clock.log) == 3 * 6  # it tried every round it was allowed
+
+
+def test_measure_roofline_stops_after_its_first_rounds_when_every_point_is_under_its_roof():
+    clock = FakeClock()
+    roof = timing.measure_roofline(fake_roofline(clock, [1 / 60] * 50), WORK, **NAMES, rounds=3,
+                                   timer=clock)
+    assert roof.rounds == 3 and len(clock.log) == 9
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"matmuls": ["gemm"]}, r"measure_roofline: matmuls name \['gemm'\] not in calls"),
+        ({"points": {"p": timing.RoofPoint("softmax", 1.0, "dram")}},
+         r"memories \['dram'\] not in copies"),
+        ({"rounds": 9, "max_rounds": 3}, r"measure_roofline: max_rounds=3 must be an integer >= 9"),
+    ],
+)
+def test_measure_roofline_refuses_names_it_cannot_match(change, message):
+    arguments = {**NAMES, "rounds": 1, "max_rounds": 2, **change}
+    with pytest.raises(ValueError, match=message):
+        timing.measure_roofline(fake_roofline(FakeClock(), [1.0] * 5), WORK, **arguments)
