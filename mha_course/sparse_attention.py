@@ -10,7 +10,11 @@ Taught in ``notebooks/12_attention_2025.ipynb``.
   attention weighted most, plus the first block and the query's own), and a *sliding window*.
 - **DSA** (DeepSeek-V3.2's sparse attention): a *lightning indexer* scores every earlier token,
   ``I_{t,s} = Σ_j w_{t,j} · ReLU(q^I_{t,j} · k^I_s)`` with a few small indexer heads, and each
-  query attends to its top-k tokens only (:func:`lightning_index`, :func:`topk_mask`).
+  query attends to its top-k tokens only (:func:`lightning_index`, :func:`topk_mask`). The index
+  has no head axis: one selection per query, shared by all the heads (DeepSeek-V3.2-Exp's
+  ``inference/model.py``: ``Indexer.forward`` returns ``topk_indices`` of shape (batch, T, k) and
+  ``MLA.forward`` adds ``index_mask.unsqueeze(2)`` to every head's scores), so the best a DSA
+  selection of k keys can keep is the top-k of the weights summed over the heads.
 
 :func:`mass_kept` is what a sparse pattern keeps of the full attention: the share of each
 query's softmax weight that falls on the kept keys.

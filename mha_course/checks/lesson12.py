@@ -154,8 +154,8 @@ def check_delta_write(fn) -> None:
         _delta_case(ex, fn, rng.normal(size=(d_k, d_v)), k / np.linalg.norm(k),
                     rng.normal(size=d_v), beta)
     _delta_exact(ex, fn)
-    passed(ex, "the delta-rule write matches delta_rule for 3 states (beta 0.25, 1, 0.5), and a "
-               "written key reads back its value exactly")
+    passed(ex, "the delta-rule write matches delta_rule for 3 states (beta 0.25, 1, 0.5), and at "
+               "beta 1 a unit key that already held a value reads back the new one exactly")
 
 
 def _delta_case(ex, fn, S, k, v, beta):
@@ -184,11 +184,14 @@ def _delta_case(ex, fn, S, k, v, beta):
 
 
 def _delta_exact(ex, fn):
+    """Overwriting, the delta rule's point: at beta = 1 a unit key that already held a value
+    reads back the new one (exact only at beta = 1; linear attention's write returns the sum)."""
     k = np.eye(3)[1]
+    S = np.array([[0.5, 1.0], [3.0, 4.0], [-1.0, 2.0]])  # key k already holds [3, 4]
     v = np.array([2.0, -1.0])
-    got = np.asarray(call(ex, fn, (np.zeros((3, 2)), k, v, 1.0), ("S", "k", "v", "beta")))
+    got = np.asarray(call(ex, fn, (S.copy(), k, v, 1.0), ("S", "k", "v", "beta")))
     read = k @ got
     if not np.allclose(read, v):
-        raise fail(ex, f"after writing v = {v.tolist()} under a unit key with beta = 1, reading "
-                       f"that key gives {np.round(read, 4).tolist()}; the delta rule stores it "
-                       "exactly")
+        raise fail(ex, f"after writing v = {v.tolist()} with beta = 1 under a unit key that held "
+                       f"{(k @ S).tolist()}, reading that key gives {np.round(read, 4).tolist()}; "
+                       "the delta rule overwrites it exactly")

@@ -49,7 +49,10 @@ def best_rank_fit(target, rank: int) -> np.ndarray:
     Returns
     -------
     ndarray, shape (T, S)
-        ``softmax(U_r Σ_r V_rᵀ)`` from the SVD of the centred log-target.
+        ``softmax(U_r Σ_r V_rᵀ)`` from the SVD of the centred log-target. When singular values
+        tie at the cut (a target whose centred log is a multiple of a permutation minus its
+        mean has all its non-zero singular values equal), the best fit is not unique and the
+        one returned depends on the LAPACK build.
 
     Examples
     --------
