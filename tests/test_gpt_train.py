@@ -44,6 +44,7 @@ def test_a_short_seeded_run_learns_and_repeats_exactly():
                             progress=False, val_ids=DATA[:200], eval_every=30)
         losses.append(history.loss)
     np.testing.assert_array_equal(losses[0], losses[1])
+    assert len(losses[0]) == 60  # one loss per step: lesson 09 prints the steps it ran from it
     assert losses[0][-10:].mean() < losses[0][:5].mean() - 0.3
     assert history.eval_steps.tolist() == [30, 60] and history.seconds > 0
 

@@ -115,6 +115,7 @@ def test_widget_toggles_and_menus_redraw_the_summary_and_the_picture():
         head_color(i, j, h=2) for i in range(2) for j in range(2)]
     assert image.layout.width == f"{int(FIGSIZE[0] * WIDGET_DPI)}px"
     assert summary.layout.width == image.layout.width
+    assert summary.layout.overflow is None and summary.layout.height is None  # never cut off
     assert "heads L0H0 L0H1 L1H0 L1H1 | every token" in summary.value
     first = image.value
 
@@ -151,6 +152,29 @@ def test_widget_reads_a_gpt_on_windows_of_text():
     assert "| token 5 &#x27;↵&#x27; |" in summary.value and image.value  # html-escaped
     with pytest.raises(ValueError, match=r"head_viewer: batch has shape \(16,\)"):
         head_viewer(model, windows[0], tok)
+
+
+def test_the_widget_can_open_on_each_examples_last_token():
+    from mha_course.models.gpt import GPT, GPTConfig
+    from mha_course.models.tokenizer import CharTokenizer
+
+    tok = CharTokenizer.from_text("KING:\nWhat news?\n")
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, d_model=8, n_layers=2, h=2,
+                          context_length=32), rng=0)
+    windows = np.stack([tok.encode("KING:\nWhat news?"), tok.encode("What news?\nKING:")])
+    menus, _, summary, image = head_viewer(model, windows, tok, token="last").children
+    example, token = menus.children
+    assert token.value == 15 and "| token 15 &#x27;?&#x27; |" in summary.value and image.value
+    token.value = -1
+    assert "| every token |" in summary.value
+    example.value = 1  # another example opens on its last token again
+    assert token.value == 15 and "| token 15 &#x27;:&#x27; |" in summary.value
+    menus, _, summary, _ = head_viewer(model, windows, tok, token=4).children
+    assert menus.children[1].value == 4 and "| token 4 &#x27;:&#x27; |" in summary.value
+    for bad in (16, -1, "first"):
+        with pytest.raises(ValueError, match=r"head_viewer: token=.*expected None \(every "
+                                             r"token\), 'last' or a position 0\.\.15"):
+            head_viewer(model, windows, tok, token=bad)
 
 
 def pixels(png: bytes) -> np.ndarray:

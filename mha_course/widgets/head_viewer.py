@@ -18,7 +18,9 @@ Three layers, so each can be tested on its own:
   titles, legend) is drawn once and kept as pixels, and a redraw only adds the lines, the
   highlights and the title (the PNG equals :func:`draw_head_view`'s, tested pixel for pixel).
 - :func:`head_viewer` wraps the painter in ipywidgets: an example menu, a toggle per layer and
-  per head (coloured like its lines), a token menu, and the picture as a PNG of fixed size.
+  per head (coloured like its lines), a token menu, the summary line (wrapped, never cut off)
+  and the picture as a PNG of fixed size.
+  It opens on every token, or, for longer windows of text, on one query (``token="last"``).
 """
 
 from __future__ import annotations
@@ -96,7 +98,7 @@ def _choices(func, weights, tokens, layers, heads, token):
 
 
 def _font(T: int) -> int:
-    return 10 if T <= 18 else 8 if T <= 32 else 6
+    return 10 if T <= 18 else 8 if T <= 32 else 7 if T <= 40 else 6
 
 
 def _frame(fig, tokens, n_layers, h, layers, shown):
@@ -317,7 +319,7 @@ def figure_png(fig, dpi=WIDGET_DPI) -> bytes:
     return buf.getvalue()
 
 
-def head_viewer(model, batch, vocab=VOCAB, *, extra_controls=()):
+def head_viewer(model, batch, vocab=VOCAB, *, token=None, extra_controls=()):
     """The interactive head viewer for ``model`` on the examples of ``batch``.
 
     Parameters
@@ -333,6 +335,11 @@ def head_viewer(model, batch, vocab=VOCAB, *, extra_controls=()):
         The label of every token id; a tokenizer with ``labels(ids)`` (lesson 09's
         :class:`~mha_course.models.tokenizer.CharTokenizer`, which shows a space as ``␣`` and
         a line break as ``↵``).
+    token : None, int or "last", default None
+        The query each example opens on (and returns to when another example is chosen): None
+        for every token (readable on lesson 08's short examples), ``"last"`` for the example's
+        last position (lesson 09's windows of text, where every token's lines are a tangle),
+        or a position.
     extra_controls : sequence of ipywidgets.Widget, optional
         Put first in the row of the example and token menus (the app's model switch).
 
@@ -345,7 +352,8 @@ def head_viewer(model, batch, vocab=VOCAB, *, extra_controls=()):
     Raises
     ------
     ValueError
-        If ``batch`` is neither a Batch nor a (B, T) array of token ids.
+        If ``batch`` is neither a Batch nor a (B, T) array of token ids, or ``token`` is not
+        None, "last" or a position of every example.
     """
     import ipywidgets as widgets
 
@@ -358,6 +366,13 @@ def head_viewer(model, batch, vocab=VOCAB, *, extra_controls=()):
             raise fail("head_viewer", f"batch has shape {tokens.shape} and dtype {tokens.dtype};"
                                       " expected a Batch or token ids of shape (B, T)")
         lengths = np.full(len(tokens), tokens.shape[1])
+    if not (token is None or token == "last" or (
+            isinstance(token, (int, np.integer)) and 0 <= token < min(lengths))):
+        raise fail("head_viewer", f"token={token!r}; expected None (every token), 'last' or a "
+                                  f"position 0..{min(lengths) - 1} of every example")
+
+    def start(b):  # the token menu's value when example b is chosen (-1: every token)
+        return -1 if token is None else int(lengths[b] - 1 if token == "last" else token)
 
     def labels(ids):
         return list(vocab.labels(ids)) if hasattr(vocab, "labels") else [vocab[i] for i in ids]
@@ -374,7 +389,7 @@ def head_viewer(model, batch, vocab=VOCAB, *, extra_controls=()):
     example = widgets.Dropdown(options=[(f"{b}: {name}", b) for b, name in enumerate(names)],
                                value=0, description="example",
                                layout=widgets.Layout(width="260px"))
-    token = widgets.Dropdown(description="token", layout=widgets.Layout(width="200px"))
+    menu = widgets.Dropdown(description="token", layout=widgets.Layout(width="200px"))
     layer_toggles = [widgets.ToggleButton(value=True, description=f"layer {i}",
                                           layout=widgets.Layout(width="80px"))
                      for i in range(n_layers)]
@@ -390,9 +405,9 @@ def head_viewer(model, batch, vocab=VOCAB, *, extra_controls=()):
             button.style.font_weight = "bold"
             head_toggles[i, j] = button
     width, height = (int(FIGSIZE[0] * WIDGET_DPI), int(FIGSIZE[1] * WIDGET_DPI))
-    # up to three lines of summary, as wide as the picture: the widget keeps its size
-    summary = widgets.HTML(layout=widgets.Layout(width=f"{width}px", height="54px",
-                                                 overflow="hidden"))
+    # as wide as the picture, room for three lines, and more when eight heads' keys need them
+    # (never cut off: the picture moves down a line instead)
+    summary = widgets.HTML(layout=widgets.Layout(width=f"{width}px", min_height="54px"))
     image = widgets.Image(format="png", layout=widgets.Layout(width=f"{width}px",
                                                               height=f"{height}px"))
 
@@ -405,7 +420,7 @@ def head_viewer(model, batch, vocab=VOCAB, *, extra_controls=()):
     def redraw(change=None):
         b = example.value
         n = lengths[b]
-        chosen = None if token.value in (None, -1) else token.value
+        chosen = None if menu.value in (None, -1) else menu.value
         png, info = painter.png(
             [w[b, :, :n, :n] for w in weights], labels(tokens[b, :n]),
             layers=[i for i, t in enumerate(layer_toggles) if t.value],
@@ -416,18 +431,18 @@ def head_viewer(model, batch, vocab=VOCAB, *, extra_controls=()):
                          f"line-height: 1.4'>{html.escape(summary_line(info))}</div>")
 
     def on_example(change):
-        token.unobserve(redraw, names="value")
-        token.options = token_options(example.value)
-        token.value = -1
-        token.observe(redraw, names="value")
+        menu.unobserve(redraw, names="value")
+        menu.options = token_options(example.value)
+        menu.value = start(example.value)
+        menu.observe(redraw, names="value")
         redraw()
 
-    token.options = token_options(0)
-    token.value = -1
+    menu.options = token_options(0)
+    menu.value = start(0)
     example.observe(on_example, names="value")
-    token.observe(redraw, names="value")
+    menu.observe(redraw, names="value")
     for toggle in [*layer_toggles, *head_toggles.values()]:
         toggle.observe(redraw, names="value")
     redraw()
     toggles = widgets.HBox([*layer_toggles, widgets.Label("heads:"), *head_toggles.values()])
-    return widgets.VBox([widgets.HBox([*extra_controls, example, token]), toggles, summary, image])
+    return widgets.VBox([widgets.HBox([*extra_controls, example, menu]), toggles, summary, image])
