@@ -189,3 +189,11 @@ def test_parameters_are_named_as_lesson_09s_gpt_names_them():
     mine = Decoder.from_model(model).parameters()
     assert list(mine) == list(model.parameters())
     assert all(mine[k] is v for k, v in model.parameters().items())  # shared, not copied
+
+
+def test_a_float32_model_stays_float32_over_its_cache():
+    dec = Decoder.random(vocab=11, d_model=8, n_layers=2, h=2, rng=0, dtype=np.float32)
+    cache = ContiguousCache(dec, batch=2)
+    logits = dec.step_batch(np.array([[1, 2], [3, 4]]), cache)
+    assert logits.dtype == np.float32
+    assert all(k.dtype == np.float32 for k in cache.keys + cache.values)
