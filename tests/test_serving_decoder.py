@@ -115,6 +115,57 @@ def test_a_batch_of_equal_sequences_steps_at_once():
         np.testing.assert_allclose(got[b], DEC.forward(tokens[b]), rtol=1e-10, atol=1e-10)
 
 
+def _with_biases(seed):
+    # RoPE, grouped heads and random (non-zero) attention biases
+    dec = Decoder.random(vocab=17, d_model=24, n_layers=2, h=6, n_kv_heads=2, rng=seed)
+    rng = np.random.default_rng(seed)
+    for layer in dec.layers:
+        attn = layer.attn
+        attn.bias = True
+        attn.b_q, attn.b_k, attn.b_v = (rng.normal(size=W.shape[1])
+                                        for W in (attn.W_q, attn.W_k, attn.W_v))
+        attn.b_o = rng.normal(size=attn.W_o.shape[1])
+    return dec
+
+
+def test_biases_reach_every_path_as_they_reach_forward():
+    dec = _with_biases(5)
+    tokens = np.random.default_rng(6).integers(0, dec.vocab, (3, 7))
+    no_bias = Decoder(dec.embedding, Decoder.random(vocab=17, d_model=24, n_layers=2, h=6,
+                                                    n_kv_heads=2, rng=5).layers,
+                      dec.norm_final, dec.W_out)
+    assert not np.allclose(dec.forward(tokens[0]), no_bias.forward(tokens[0]))  # biases matter
+    cache = ContiguousCache(dec, batch=3)
+    got = np.concatenate([dec.step_batch(tokens[:, :4], cache),
+                          dec.step_batch(tokens[:, 4:], cache)], axis=1)
+    caches = [ContiguousCache(dec) for _ in range(3)]
+    many = [np.concatenate(parts) for parts in zip(
+        dec.step_many([tokens[0, :2], tokens[1, :5], tokens[2, :1]], caches),
+        dec.step_many([tokens[0, 2:], tokens[1, 5:], tokens[2, 1:]], caches), strict=True)]
+    for b in range(3):
+        want = dec.forward(tokens[b])
+        np.testing.assert_allclose(got[b], want, rtol=1e-10, atol=1e-10)
+        np.testing.assert_allclose(many[b], want, rtol=1e-10, atol=1e-10)
+
+
+def test_step_batch_multiplies_each_weight_once_as_a_2d_product(monkeypatch):
+    # the docstring's "one 2-d matrix product per weight": every product step_batch makes
+    # has a 2-d left operand with B·T rows (attention's batched products aside)
+    import mha_course.serving.decoder as decoder_module
+
+    shapes, plain = [], decoder_module.linear
+
+    def spy(x, W, b=None):
+        shapes.append(x.shape)
+        return plain(x, W, b)
+
+    monkeypatch.setattr(decoder_module, "linear", spy)
+    tokens = np.random.default_rng(2).integers(0, DEC.vocab, (5, 1))
+    DEC.step_batch(tokens, ContiguousCache(DEC, batch=5))
+    assert shapes and all(s == (5, DEC.d_model) for s in shapes)
+    assert len(shapes) == 4 * DEC.n_layers  # W_q, W_k, W_v, W_o in every layer
+
+
 def test_lesson_09s_gpt_reads_into_the_decoder_unchanged():
     from mha_course.models.gpt import GPT, GPTConfig
 
@@ -138,3 +189,11 @@ def test_parameters_are_named_as_lesson_09s_gpt_names_them():
     mine = Decoder.from_model(model).parameters()
     assert list(mine) == list(model.parameters())
     assert all(mine[k] is v for k, v in model.parameters().items())  # shared, not copied
+
+
+def test_a_float32_model_stays_float32_over_its_cache():
+    dec = Decoder.random(vocab=11, d_model=8, n_layers=2, h=2, rng=0, dtype=np.float32)
+    cache = ContiguousCache(dec, batch=2)
+    logits = dec.step_batch(np.array([[1, 2], [3, 4]]), cache)
+    assert logits.dtype == np.float32
+    assert all(k.dtype == np.float32 for k in cache.keys + cache.values)

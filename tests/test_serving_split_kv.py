@@ -33,6 +33,21 @@ def test_split_kv_decoding_equals_decode_step(T, n_splits, dims, rope, seed):
         np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
 
 
+def test_split_kv_decoding_keeps_the_biases():
+    # bias=True, RoPE and grouped heads: the split path must add b_q, b_k, b_v and b_o as
+    # decode_step does
+    layer = MultiHeadAttention(12, 6, n_kv_heads=2, rope="half", bias=True, rng=4)
+    rng = np.random.default_rng(4)
+    for name in ("b_q", "b_k", "b_v", "b_o"):
+        setattr(layer, name, rng.normal(size=getattr(layer, name).shape))
+    plain, split = layer.init_cache(), layer.init_cache()
+    x = rng.normal(size=(9, 1, 12))
+    for t in range(9):
+        want, _ = layer.decode_step(x[t], plain)
+        got = split_kv_decode_step(layer, x[t], split, min(3, t + 1))
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
 def test_combining_partials_gives_the_whole_softmax_and_its_lse():
     rng = np.random.default_rng(0)
     q, k, v = rng.normal(size=(3, 1, 4)), rng.normal(size=(3, 23, 4)), rng.normal(size=(3, 23, 5))
@@ -50,3 +65,6 @@ def test_chunks_and_occupancy():
     assert occupancy(64, 8, 1, 132) == pytest.approx(512 / (132 * 4))
     assert splits_to_fill(1, 8, 132) == 16 and occupancy(1, 8, 16, 132) == pytest.approx(128 / 132)
     assert occupancy(1, 8, 17, 132) < 0.6  # 136 blocks: a second wave for 4 of them
+    # Llama 3 70B under tensor parallelism 8: one K/V head per GPU, so one block at batch 1
+    assert occupancy(batch=1, kv_heads=1, n_splits=1, sms=132) == pytest.approx(1 / 132)
+    assert splits_to_fill(1, 1, 132) == 132 and splits_to_fill(64, 1, 132) == 2

@@ -48,6 +48,12 @@ def rotate(attn, x, start: int):
     return apply_rope(x, np.asarray(positions), base=attn.rope_base, layout=attn.rope)
 
 
+def linear(x, W, b=None):
+    """``x @ W (+ b)``: x (N, d_in), W (d_in, d_out), b (d_out,) or None -> (N, d_out)."""
+    y = x @ W
+    return y if b is None else y + b
+
+
 def attend_groups(q, k, v, mask=None):
     """Attention of ``h`` query heads over ``g`` K/V heads, as ``decode_step`` groups them.
 
@@ -96,8 +102,10 @@ class ContiguousCache:
         self.decoder = decoder
         self.length = 0
         lead = () if batch is None else (validate_positive_int("ContiguousCache", "batch", batch),)
-        self.keys = [np.empty((*lead, l.attn.n_kv_heads, 0, l.attn.d_k)) for l in decoder.layers]
-        self.values = [np.empty((*lead, l.attn.n_kv_heads, 0, l.attn.d_v))
+        dtype = decoder.embedding.dtype  # a float32 model's cache stays float32
+        self.keys = [np.empty((*lead, l.attn.n_kv_heads, 0, l.attn.d_k), dtype)
+                     for l in decoder.layers]
+        self.values = [np.empty((*lead, l.attn.n_kv_heads, 0, l.attn.d_v), dtype)
                        for l in decoder.layers]
 
     def attend(self, layer: int, q, k, v):
@@ -235,23 +243,29 @@ class Decoder:
         """``batch`` sequences of equal length at once: tokens (B, T) over a
         ``ContiguousCache(decoder, batch=B)`` -> logits (B, T, vocab).
 
-        One matrix product per weight for all ``B·T`` tokens and one batched attention: the
-        decode step whose time lesson 10 §1 measures against the batch size.
+        One 2-d matrix product per weight for all ``B·T`` tokens, ``(B·T, d_model) @ W`` (a
+        ``(B, T, d_model)`` array times ``W`` would run as ``B`` separate products, matrix-vector
+        ones at ``T = 1``), and one batched attention: the decode step whose time lesson 10 §1
+        measures against the batch size.
         """
         tokens = np.asarray(tokens)
         if tokens.ndim != 2:
             raise fail("Decoder.step_batch", f"tokens has shape {tokens.shape}; expected (B, T)")
-        x = self.embedding[tokens]  # (B, T, d_model)
+        B, T = tokens.shape
+        x = self.embedding[tokens.reshape(-1)]  # (B·T, d_model): one row per token
         for li, layer in enumerate(self.layers):
             attn = layer.attn
             a = rms_norm(x, layer.norm_attn, self.eps)
-            q = split_heads(a @ attn.W_q, attn.h)  # (B, h, T, d_k)
-            k = split_heads(a @ attn.W_k, attn.n_kv_heads)  # (B, g, T, d_k)
-            v = split_heads(a @ attn.W_v, attn.n_kv_heads)
-            x = x + merge_heads(cache.attend(li, q, k, v)) @ attn.W_o
+            q, k, v = (linear(a, W, b).reshape(B, T, -1) for W, b in (
+                (attn.W_q, attn.b_q), (attn.W_k, attn.b_k), (attn.W_v, attn.b_v)))
+            q = split_heads(q, attn.h)  # (B, T, h·d_k) -> (B, h, T, d_k)
+            k = split_heads(k, attn.n_kv_heads)  # (B, g, T, d_k)
+            v = split_heads(v, attn.n_kv_heads)  # (B, g, T, d_v)
+            heads = merge_heads(cache.attend(li, q, k, v)).reshape(B * T, -1)  # (B·T, h·d_v)
+            x = x + linear(heads, attn.W_o, attn.b_o)
             x = x + layer.mlp(x)
-        cache.advance(tokens.shape[1])
-        return rms_norm(x, self.norm_final, self.eps) @ self.W_out
+        cache.advance(T)
+        return (rms_norm(x, self.norm_final, self.eps) @ self.W_out).reshape(B, T, -1)
 
     def step_many(self, chunks, caches, last_only: bool = False) -> list[np.ndarray]:
         """One pass over a ragged batch: ``chunks[i]`` (T_i,) appended to ``caches[i]``.
@@ -276,7 +290,7 @@ class Decoder:
         for li, layer in enumerate(self.layers):
             attn = layer.attn
             a = rms_norm(x, layer.norm_attn, self.eps)
-            q_all, k_all, v_all = (a @ W if b is None else a @ W + b for W, b in (
+            q_all, k_all, v_all = (linear(a, W, b) for W, b in (
                 (attn.W_q, attn.b_q), (attn.W_k, attn.b_k), (attn.W_v, attn.b_v)))
             heads = []
             for i, cache in enumerate(caches):
@@ -285,8 +299,7 @@ class Decoder:
                 k = split_heads(k_all[s], attn.n_kv_heads)  # (g, T_i, d_k)
                 v = split_heads(v_all[s], attn.n_kv_heads)  # (g, T_i, d_v)
                 heads.append(merge_heads(cache.attend(li, q, k, v)))  # (T_i, h*d_v)
-            out = np.concatenate(heads) @ attn.W_o  # (N, d_model)
-            x = x + (out if attn.b_o is None else out + attn.b_o)
+            x = x + linear(np.concatenate(heads), attn.W_o, attn.b_o)  # (N, d_model)
             x = x + layer.mlp(x)
         for cache, chunk in zip(caches, chunks, strict=True):
             cache.advance(len(chunk))

@@ -4,10 +4,11 @@ Taught in ``notebooks/10_serving.ipynb`` (§5); the combine is lesson 07's log-s
 (:func:`~mha_course.tiled_attention` with ``return_lse=True``). Dao, Haziza, Massa & Sizov,
 *Flash-Decoding for long-context inference* (PyTorch blog, October 2023): a decode step has one
 query per head, so FlashAttention's parallelism over batch × heads × query blocks gives a
-GPU only ``batch · heads`` pieces of work, far fewer than its SMs at batch 1. Splitting the
-cache's keys into ``n_splits`` chunks makes ``batch · heads · n_splits`` pieces; each returns
-its partial output ``o_j`` (normalised over its own keys) and log-sum-exp ``ℓ_j``, and one
-small reduction combines them exactly::
+GPU only ``batch · heads`` pieces of work, far fewer than its SMs at batch 1; with grouped
+queries only ``batch · kv_heads``, since the ``h/g`` queries of a group share one block
+(:func:`occupancy`). Splitting the cache's keys into ``n_splits`` chunks multiplies the pieces
+by ``n_splits``; each returns its partial output ``o_j`` (normalised over its own keys) and
+log-sum-exp ``ℓ_j``, and one small reduction combines them exactly::
 
     out = Σ_j exp(ℓ_j - ℓ) o_j,   ℓ = log Σ_j exp(ℓ_j)
 
@@ -21,7 +22,7 @@ import math
 import numpy as np
 
 from .._validate import fail, validate_positive_int
-from ..heads import group_heads, kv_for_groups, merge_heads, split_heads, ungroup_heads
+from ..heads import group_heads, kv_for_groups, merge_heads, project, split_heads, ungroup_heads
 from ..tiled import tiled_attention
 from .decoder import rotate
 
@@ -87,32 +88,41 @@ def split_kv_decode_step(layer, x_t, cache, n_splits: int):
     to the :class:`~mha_course.KVCache` (as ``decode_step`` does), then attends over the cache
     in ``n_splits`` chunks and combines them. x_t (..., 1, d_model) -> out_t (..., 1, d_model).
     """
-    pos = cache.tokens_seen
-    q = rotate(layer, split_heads(x_t @ layer.W_q, layer.h), pos)  # (..., h, 1, d_k)
-    k = rotate(layer, split_heads(x_t @ layer.W_k, layer.n_kv_heads), pos)  # (..., g, 1, d_k)
-    v = split_heads(x_t @ layer.W_v, layer.n_kv_heads)
+    pos, dtype = cache.tokens_seen, x_t.dtype
+    q = rotate(layer, split_heads(project(x_t, layer.W_q, layer.b_q, dtype), layer.h),
+               pos)  # (..., h, 1, d_k)
+    k = rotate(layer, split_heads(project(x_t, layer.W_k, layer.b_k, dtype), layer.n_kv_heads),
+               pos)  # (..., g, 1, d_k)
+    v = split_heads(project(x_t, layer.W_v, layer.b_v, dtype), layer.n_kv_heads)
     cache.append(k, v)
     out, _ = combine_partials(*split_kv_partials(q, cache.keys, cache.values, n_splits))
-    return merge_heads(out) @ layer.W_o
+    return project(merge_heads(out), layer.W_o, layer.b_o, out.dtype)  # (..., 1, d_model)
 
 
-def occupancy(batch: int, heads: int, n_splits: int, sms: int) -> float:
-    """Share of a GPU's SMs that ``batch · heads · n_splits`` thread blocks keep busy.
+def occupancy(batch: int, kv_heads: int, n_splits: int, sms: int) -> float:
+    """Share of a GPU's SMs that ``batch · kv_heads · n_splits`` thread blocks keep busy.
 
-    One block per SM at a time (the usual case for attention kernels): the blocks run in
-    ``ceil(work / sms)`` waves, and the SMs idle for what the last wave leaves empty.
+    The grid of a grouped-query decode step counts **K/V heads**, not query heads:
+    FlashAttention folds the ``h/g`` query heads that share a K/V head into the query axis
+    (flash-attn ``csrc/flash_attn/flash_api.cpp``, ``mha_fwd`` and ``mha_fwd_kvcache``: when
+    ``seqlen_q == 1`` and ``num_heads > num_heads_k``, ``seqlenq_ngroups_swapped`` reshapes q to
+    ``(b, ngroups, nheads_kv, d)``, sets ``seqlen_q = ngroups`` and ``num_heads = num_heads_k``),
+    so the ``h/g`` queries of a group form one block of query rows that reads its K/V head once.
+    One block per SM at a time (this simple model; flash-attn's split heuristic counts two of its
+    128-thread blocks per SM): the blocks run in ``ceil(work / sms)`` waves, and the SMs idle for
+    what the last wave leaves empty.
 
     Examples
     --------
-    >>> [round(occupancy(batch=1, heads=8, n_splits=s, sms=132), 3) for s in (1, 16, 17)]
+    >>> [round(occupancy(batch=1, kv_heads=8, n_splits=s, sms=132), 3) for s in (1, 16, 17)]
     [0.061, 0.97, 0.515]
     """
-    work = batch * heads * n_splits
+    work = batch * kv_heads * n_splits
     return work / (sms * math.ceil(work / sms))
 
 
-def splits_to_fill(batch: int, heads: int, sms: int) -> int:
-    """The most chunks that still fit one wave: ``sms // (batch · heads)`` (at least 1).
+def splits_to_fill(batch: int, kv_heads: int, sms: int) -> int:
+    """The most chunks that still fit one wave: ``sms // (batch · kv_heads)`` (at least 1).
 
     One more chunk would start a second wave that leaves most SMs idle (:func:`occupancy`).
 
@@ -121,4 +131,4 @@ def splits_to_fill(batch: int, heads: int, sms: int) -> int:
     >>> splits_to_fill(1, 8, 132), splits_to_fill(64, 8, 132)
     (16, 1)
     """
-    return max(1, sms // (batch * heads))
+    return max(1, sms // (batch * kv_heads))
