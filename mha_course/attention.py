@@ -18,7 +18,8 @@ from ._validate import as_float_array, fail, validate_mask, validate_positive_in
 from .softmax import softmax_inplace
 
 
-def scaled_dot_product_attention(q, k, v, mask=None) -> tuple[np.ndarray, np.ndarray]:
+def scaled_dot_product_attention(q, k, v, mask=None, *, scale=None
+                                 ) -> tuple[np.ndarray, np.ndarray]:
     """``softmax(q kᵀ / √d_k) v``, with an optional boolean mask.
 
     Parameters
@@ -32,6 +33,11 @@ def scaled_dot_product_attention(q, k, v, mask=None) -> tuple[np.ndarray, np.nda
     mask : ndarray of bool, broadcastable to (..., T, S), optional
         ``True`` where query ``t`` may attend to key ``s``. A query with no allowed key gets
         weights 0 and output 0.
+    scale : float, optional
+        What multiplies ``q kᵀ``; default (None) ``1/√d_k``, as PyTorch's ``scale=None``. A model
+        may fix another: Gemma 2 uses ``query_pre_attn_scalar**-0.5`` (27B: ``144**-0.5`` with
+        ``d_k = 128``; Hugging Face ``Gemma2Attention.scaling``), DeepSeek's MLA multiplies
+        ``1/√(d_k + d_rope)`` by YaRN's ``mscale²``.
 
     Returns
     -------
@@ -44,7 +50,8 @@ def scaled_dot_product_attention(q, k, v, mask=None) -> tuple[np.ndarray, np.nda
     ------
     ValueError
         On a wrong rank, mismatched ``d_k`` or ``S``, batch axes that do not broadcast, a mask
-        that is not boolean or does not broadcast to (..., T, S), or non-float input.
+        that is not boolean or does not broadcast to (..., T, S), non-float input, or a
+        ``scale`` that is not a positive finite number.
 
     Examples
     --------
@@ -54,12 +61,11 @@ def scaled_dot_product_attention(q, k, v, mask=None) -> tuple[np.ndarray, np.nda
     >>> out.shape, weights.shape
     ((3, 6), (3, 5))
     """
-    q, k, v, m, batch, (T, S, d_k, d_v) = validate_qkv(
-        "scaled_dot_product_attention", q, k, v, mask
-    )
+    func = "scaled_dot_product_attention"
+    q, k, v, m, batch, (T, S, d_k, d_v) = validate_qkv(func, q, k, v, mask)
     # 1. Scale q rather than the scores: T·d_k multiplications instead of T·S. A python float
     #    keeps q's dtype (float32 stays float32).
-    q = q * (1.0 / math.sqrt(d_k))
+    q = q * (1.0 / math.sqrt(d_k) if scale is None else validate_scale(func, scale))
     if np.broadcast_shapes(q.shape[:-2], k.shape[:-2]) != batch:
         # v or the mask has batch axes that q and k lack: the scores need them too, since the
         # mask is applied to them in place.
@@ -72,6 +78,16 @@ def scaled_dot_product_attention(q, k, v, mask=None) -> tuple[np.ndarray, np.nda
     # 4. Weighted sum of the values: (..., T, S) @ (..., S, d_v) -> (..., T, d_v)
     out = weights @ v
     return out, weights
+
+
+def validate_scale(func: str, scale) -> float:
+    """``scale`` as a float, or a ``ValueError`` naming ``func`` unless it is a positive finite
+    number (None, the default ``1/√d_k``, is the caller's to handle)."""
+    if (isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.integer,
+                                                                      np.floating))
+            or not (math.isfinite(scale) and scale > 0)):
+        raise fail(func, f"scale={scale!r} must be a positive finite number (None: 1/sqrt(d_k))")
+    return float(scale)
 
 
 def validate_qkv(func: str, q, k, v, mask):

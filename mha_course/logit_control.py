@@ -118,9 +118,14 @@ def qk_norm(x, weight=None, eps: float = 1e-6) -> np.ndarray:
     ----------
     x : ndarray of float, shape (..., d)
     weight : ndarray of float, shape (d,), optional
-        The gain (ones when omitted). After QK-norm ``|q| = |k| = √d`` (times the gains), so the
-        largest scaled logit is ``√d · max|gain|²``, whatever the projections do.
+        The gain (ones when omitted). Before the gains each normalised row has ``|x̂| = √d``
+        (a little less with ``eps``); the gains are per element, so ``|q| <= √d · max|q gain|``
+        and a scaled logit ``q·k/√d`` is at most ``√d · max|q gain| · max|k gain|``, whatever
+        the projections do.
     eps : float, default 1e-6
+        Pass the model's config value: real models use their ``rms_norm_eps`` here (Qwen3's
+        ``q_norm = Qwen3RMSNorm(head_dim, eps=config.rms_norm_eps)``, 1e-6;
+        :class:`~mha_course.models.gpt_variants.VariantGPT` its ``GPTConfig.eps``).
 
     Returns
     -------

@@ -2,14 +2,27 @@
 
 Taught in ``notebooks/06_decoding.ipynb``.
 
-Every head's key and value are made from one shared latent ``c = x W_dkv`` of width ``d_c``
-(DeepSeek-V2: 512, against 128 heads × 128 × 2 = 32,768 values of keys and values), so a
-decoder caches ``c`` alone, plus one small RoPE key:
+Every head's key and value are made from one shared latent ``c = RMSNorm(x W_dkv)`` of width
+``d_c`` (DeepSeek-V2: 512, against 128 heads × 128 × 2 = 32,768 values of keys and values), so
+a decoder caches ``c`` alone, plus one small RoPE key:
 
 - head ``i``'s key is ``[c W_uk_i ; k_rope]``: a position-free part from the latent (``d_k``)
   and a *decoupled* RoPE part ``k_rope = RoPE(x W_kr)`` (``d_rope``) shared by all heads;
-- head ``i``'s query is ``[x W_q_i ; RoPE(x W_qr_i)]`` and its value is ``c W_uv_i``;
-- scores are scaled by ``1 / sqrt(d_k + d_rope)``, the width of the dot product.
+- head ``i``'s query is ``[x W_q_i ; RoPE(x W_qr_i)]`` and its value is ``c W_uv_i``; with
+  ``d_cq`` set (DeepSeek-V2/V3's ``q_lora_rank``, 1536) the queries are compressed too:
+  ``c_q = RMSNorm(x W_dq)``, then ``[c_q W_uq_i ; RoPE(c_q W_qr_i)]``;
+- scores are scaled by ``1 / sqrt(d_k + d_rope)``, the width of the dot product (times YaRN's
+  ``mscale²`` when ``rope_scaling`` asks for it,
+  :func:`~mha_course.rope_scaling.mla_softmax_scale`).
+
+The order is DeepSeek's (Hugging Face ``transformers``,
+``src/transformers/models/deepseek_v3/modeling_deepseek_v3.py``, ``DeepseekV3Attention.forward``:
+``kv_a_proj_with_mqa`` makes ``[c_raw ; k_rot]``, ``kv_a_layernorm`` normalises the ``kv_lora_rank``
+part only, *before* ``kv_b_proj`` up-projects it; ``q_b_proj(q_a_layernorm(q_a_proj(x)))`` for
+the queries). The RMSNorms have learned gains (``kv_norm``, ``q_norm``; ones at start) and
+``eps`` 1e-6, DeepSeek's. What is cached is the **normalised** latent and the rotated RoPE key,
+which is not normalised: DeepSeek-V3's own ``inference/model.py`` (``MLA.forward``, absorbed path)
+stores ``self.kv_cache[...] = self.kv_norm(kv)`` and ``self.pe_cache[...] = k_pe``.
 
 Two ways to compute it, with the same output (:meth:`MultiHeadLatentAttention.forward`):
 
@@ -36,10 +49,11 @@ folded into a query once for all keys. DeepSeek keeps the rotation on a small ex
 (``d_rope``) that is cached as it is: ``d_c + d_rope`` values per layer and token
 (:func:`~mha_course.cost.mla_cache_bytes`).
 
-Simplifications against DeepSeek-V2: queries are projected directly (V2 also compresses them,
-through a latent of width ``q_lora_rank`` = 1536, which saves activation memory in training and
-does not change the cache; DeepSeek-V2-Lite projects them directly, as here), there is no
-normalisation of the latent, and RoPE uses the half-split layout.
+Simplifications against DeepSeek-V2/V3: RoPE uses the half-split layout at ``rope_base``
+without YaRN's stretched frequencies (``rope_scaling`` reaches the softmax scale only; the
+frequencies are :func:`~mha_course.rope_scaling.yarn_frequencies`), and there are no biases.
+Queries are projected directly unless ``d_cq`` is given (DeepSeek-V2-Lite projects them
+directly; compressing them saves activation memory in training and does not change the cache).
 """
 
 from __future__ import annotations
@@ -57,9 +71,11 @@ from ._validate import (
     validate_shape,
 )
 from .attention import scaled_dot_product_attention
+from .block import rms_norm
 from .heads import head_dims, merge_heads, split_heads
 from .kv_cache import INITIAL_CAPACITY, grown, grown_capacity, parse_batch_shape
 from .positions import apply_rope
+from .rope_scaling import mla_softmax_scale
 
 
 class MultiHeadLatentAttention:
@@ -81,14 +97,31 @@ class MultiHeadLatentAttention:
         ``qk_nope_head_dim``); default ``d_model // h``.
     d_v : int, optional
         Value width per head; default ``d_k``.
+    d_cq : int, optional
+        Width of the query latent (DeepSeek-V2/V3: 1536, ``q_lora_rank``); None (default):
+        queries projected directly from ``x`` (DeepSeek-V2-Lite).
+    latent_norm : bool, default True
+        RMSNorm with a learned gain on the key/value latent (``kv_a_layernorm``) and, with
+        ``d_cq``, on the query latent (``q_a_layernorm``), as every DeepSeek MLA model has;
+        False gives the bare latents (the paper's equations).
+    eps : float, default 1e-6
+        The latent RMSNorms' epsilon (DeepSeek's ``rms_norm_eps``).
+    rope_scaling : dict, optional
+        The config's ``rope_scaling``; YaRN's ``mscale_all_dim`` then multiplies the softmax
+        scale by ``mscale²`` (:func:`~mha_course.rope_scaling.mla_softmax_scale`; DeepSeek-V3:
+        ``factor`` 40, ``mscale_all_dim`` 1, so ×1.874). The RoPE frequencies are not stretched.
     rng : int or numpy.random.Generator, optional
-        Seed or generator for the initial weights (Xavier/Glorot uniform).
+        Seed or generator for the initial weights (Xavier/Glorot uniform; the gains start at 1).
     rope_base : float, default 10000.0
 
     Attributes
     ----------
+    scale : float
+        What multiplies ``q·k``: ``1/sqrt(d_k + d_rope)``, times ``mscale²`` under YaRN.
     W_dkv : ndarray, shape (d_model, d_c)
-        Down-projection to the latent: ``c = x W_dkv``.
+        Down-projection to the latent: ``c = RMSNorm(x W_dkv) · kv_norm``.
+    kv_norm : ndarray, shape (d_c,)
+        The latent's RMSNorm gain (with ``latent_norm``).
     W_uk : ndarray, shape (d_c, h*d_k)
         Up-projection of the latent to every head's key (head ``i`` in columns
         ``i*d_k:(i+1)*d_k``).
@@ -98,14 +131,20 @@ class MultiHeadLatentAttention:
         The shared RoPE key: ``k_rope = RoPE(x W_kr)``.
     W_q : ndarray, shape (d_model, h*d_k)
     W_qr : ndarray, shape (d_model, h*d_rope)
-        The queries' position-free and RoPE parts.
+        The queries' position-free and RoPE parts (without ``d_cq``).
+    W_dq : ndarray, shape (d_model, d_cq)
+    q_norm : ndarray, shape (d_cq,)
+    W_uq : ndarray, shape (d_cq, h*d_k)
+    W_qr : ndarray, shape (d_cq, h*d_rope)
+        With ``d_cq``: the query latent ``c_q = RMSNorm(x W_dq) · q_norm`` (gain with
+        ``latent_norm``), and its up-projections to the queries' two parts.
     W_o : ndarray, shape (h*d_v, d_model)
 
     Raises
     ------
     ValueError
         If a size is not a positive integer, ``h`` does not divide ``d_model`` and no ``d_k`` is
-        given, or ``d_rope`` is odd.
+        given, ``d_rope`` is odd, ``eps`` is negative or ``rope_scaling`` is not a YaRN dict.
 
     Examples
     --------
@@ -117,30 +156,54 @@ class MultiHeadLatentAttention:
     True
     """
 
-    def __init__(self, d_model, h, d_c, d_rope, d_k=None, d_v=None, *, rng=None,
-                 rope_base=10000.0):
+    def __init__(self, d_model, h, d_c, d_rope, d_k=None, d_v=None, *, d_cq=None,
+                 latent_norm=True, eps=1e-6, rope_scaling=None, rng=None, rope_base=10000.0):
         func = "MultiHeadLatentAttention"
         d_model, h, d_k, d_v = head_dims(func, d_model, h, d_k, d_v)
         d_c = validate_positive_int(func, "d_c", d_c)
         d_rope = validate_positive_int(func, "d_rope", d_rope)
+        d_cq = None if d_cq is None else validate_positive_int(func, "d_cq", d_cq)
         if d_rope % 2:
             raise fail(func, f"d_rope={d_rope} must be even: RoPE turns pairs of features")
         apply_rope(np.zeros((1, d_rope)), base=rope_base)  # refuses a bad base, by name
+        if isinstance(eps, (bool, np.bool_)) or not isinstance(
+                eps, (int, float, np.integer, np.floating)) or not 0 <= eps < math.inf:
+            raise fail(func, f"eps={eps!r} must be a finite number >= 0")
+        if rope_scaling is not None:
+            kind = (rope_scaling.get("rope_type", rope_scaling.get("type", "yarn"))
+                    if isinstance(rope_scaling, dict) else None)
+            if kind != "yarn":
+                raise fail(func, f"rope_scaling={rope_scaling!r}; expected None or a YaRN "
+                                 "rope_scaling dict (type 'yarn', a 'factor', 'mscale_all_dim'), "
+                                 "as DeepSeek's config.json has")
         self.d_model, self.h, self.d_k, self.d_v = d_model, h, d_k, d_v
         self.d_c, self.d_rope, self.rope_base = d_c, d_rope, float(rope_base)
+        self.d_cq, self.latent_norm, self.eps = d_cq, bool(latent_norm), float(eps)
+        self.rope_scaling = None if rope_scaling is None else dict(rope_scaling)
+        self.scale = mla_softmax_scale(d_k + d_rope, self.rope_scaling)
         rng = np.random.default_rng(rng)
 
         def xavier(fan_in, fan_out):
             bound = np.sqrt(6.0 / (fan_in + fan_out))
             return rng.uniform(-bound, bound, size=(fan_in, fan_out))
 
+        # Drawn in this order, so a layer without d_cq has the weights it had before the norms.
         self.W_dkv = xavier(d_model, d_c)
         self.W_uk = xavier(d_c, h * d_k)
         self.W_uv = xavier(d_c, h * d_v)
         self.W_kr = xavier(d_model, d_rope)
-        self.W_q = xavier(d_model, h * d_k)
-        self.W_qr = xavier(d_model, h * d_rope)
+        if d_cq is None:
+            self.W_q = xavier(d_model, h * d_k)
+            self.W_qr = xavier(d_model, h * d_rope)
+        else:
+            self.W_dq = xavier(d_model, d_cq)
+            self.W_uq = xavier(d_cq, h * d_k)
+            self.W_qr = xavier(d_cq, h * d_rope)
         self.W_o = xavier(h * d_v, d_model)
+        if self.latent_norm:
+            self.kv_norm = np.ones(d_c)
+            if d_cq is not None:
+                self.q_norm = np.ones(d_cq)
 
     def parameters(self) -> dict[str, np.ndarray]:
         """Every parameter array by name.
@@ -148,9 +211,14 @@ class MultiHeadLatentAttention:
         Examples
         --------
         >>> sorted(MultiHeadLatentAttention(16, 4, 6, 2).parameters())
-        ['W_dkv', 'W_kr', 'W_o', 'W_q', 'W_qr', 'W_uk', 'W_uv']
+        ['W_dkv', 'W_kr', 'W_o', 'W_q', 'W_qr', 'W_uk', 'W_uv', 'kv_norm']
+        >>> sorted(MultiHeadLatentAttention(16, 4, 6, 2, d_cq=5).parameters())
+        ['W_dkv', 'W_dq', 'W_kr', 'W_o', 'W_qr', 'W_uk', 'W_uq', 'W_uv', 'kv_norm', 'q_norm']
         """
-        names = ["W_dkv", "W_uk", "W_uv", "W_kr", "W_q", "W_qr", "W_o"]
+        names = ["W_dkv", "W_uk", "W_uv", "W_kr"]
+        names += ["W_q", "W_qr"] if self.d_cq is None else ["W_dq", "W_uq", "W_qr"]
+        names += ["W_o"] + (["kv_norm"] if self.latent_norm else [])
+        names += ["q_norm"] if self.latent_norm and self.d_cq is not None else []
         return {name: getattr(self, name) for name in names}
 
     # ------------------------------------------------------------------------ the pieces
@@ -158,15 +226,39 @@ class MultiHeadLatentAttention:
         """The parameters in ``dtype`` (no copy when they already are: a float32 model)."""
         return {name: p.astype(dtype, copy=False) for name, p in self.parameters().items()}
 
+    def latent(self, x) -> np.ndarray:
+        """The latent a token leaves in the cache: ``c = RMSNorm(x W_dkv) · kv_norm`` (the bare
+        ``x W_dkv`` without ``latent_norm``), x (..., T, d_model) -> (..., T, d_c).
+
+        Examples
+        --------
+        >>> mla = MultiHeadLatentAttention(16, 4, d_c=6, d_rope=2, rng=0)
+        >>> c = mla.latent(np.ones((3, 16)))
+        >>> c.shape, float(np.round(np.sqrt((c ** 2).mean()), 4))  # unit RMS, gains of 1
+        ((3, 6), 1.0)
+        """
+        x, _ = self._validate_x("MultiHeadLatentAttention.latent", x)
+        return self._latent(x, self._weights(x.dtype))
+
+    def _latent(self, x, W):
+        c = x @ W["W_dkv"]  # (..., T, d_model) -> (..., T, d_c)
+        return rms_norm(c, W["kv_norm"], self.eps) if self.latent_norm else c
+
     def _project(self, x, positions):
         """x (..., T, d_model) -> the queries' two parts, and what a token leaves in the cache:
-        ``[c ; k_rope]``, shape (..., T, d_c + d_rope)."""
+        ``[c ; k_rope]``, shape (..., T, d_c + d_rope), ``c`` normalised, ``k_rope`` not."""
         W = self._weights(x.dtype)
         rope = {"base": self.rope_base, "layout": "half"}
-        c = x @ W["W_dkv"]  # (..., T, d_model) -> (..., T, d_c)
-        k_rope = apply_rope(x @ W["W_kr"], positions, **rope)  # (..., T, d_rope)
-        q_nope = split_heads(x @ W["W_q"], self.h)  # (..., h, T, d_k)
-        q_rope = apply_rope(split_heads(x @ W["W_qr"], self.h), positions,
+        c = self._latent(x, W)  # (..., T, d_c): RMSNorm before caching and up-projecting
+        k_rope = apply_rope(x @ W["W_kr"], positions, **rope)  # (..., T, d_rope), no norm
+        if self.d_cq is None:
+            q_in, W_q = x, W["W_q"]  # queries straight from x
+        else:
+            q_in, W_q = x @ W["W_dq"], W["W_uq"]  # (..., T, d_cq): the query latent
+            if self.latent_norm:
+                q_in = rms_norm(q_in, W["q_norm"], self.eps)
+        q_nope = split_heads(q_in @ W_q, self.h)  # (..., h, T, d_k)
+        q_rope = apply_rope(split_heads(q_in @ W["W_qr"], self.h), positions,
                             **rope)  # (..., h, T, d_rope)
         return q_nope, q_rope, np.concatenate([c, k_rope], axis=-1)  # (..., T, d_c + d_rope)
 
@@ -184,17 +276,18 @@ class MultiHeadLatentAttention:
             k_rope = np.broadcast_to(k_rope[..., None, :, :], (*k_nope.shape[:-1], d_rope))
             q = np.concatenate([q_nope, q_rope], axis=-1)  # (..., h, T, d_k + d_rope)
             k = np.concatenate([k_nope, k_rope], axis=-1)  # (..., h, S, d_k + d_rope)
-            heads, weights = scaled_dot_product_attention(q, k, v, mask)  # (..., h, T, d_v)
+            heads, weights = scaled_dot_product_attention(  # (..., h, T, d_v)
+                q, k, v, mask, scale=self.scale)
             return merge_heads(heads) @ W["W_o"], weights  # (..., T, d_model)
         # Absorbed: fold W_uk into the queries, attend over the latents, then W_uv and W_o.
         W_uk = W["W_uk"].reshape(d_c, h, d_k).transpose(1, 2, 0)  # (h, d_k, d_c)
         q_latent = q_nope @ W_uk  # (..., h, T, d_k) @ (h, d_k, d_c) -> (..., h, T, d_c)
-        # scaled_dot_product_attention divides by sqrt(d_c + d_rope), the width it sees; the
-        # scores must be those of the naive form, scaled by 1/sqrt(d_k + d_rope).
-        rescale = math.sqrt((d_c + d_rope) / (d_k + d_rope))
-        q = np.concatenate([q_latent, q_rope], axis=-1) * rescale  # (..., h, T, d_c + d_rope)
+        # The scores must be the naive form's, scaled by 1/sqrt(d_k + d_rope) (times YaRN's
+        # mscale²), not by 1/sqrt(d_c + d_rope), the width the absorbed dot product has.
+        q = np.concatenate([q_latent, q_rope], axis=-1)  # (..., h, T, d_c + d_rope)
         latent_heads, weights = scaled_dot_product_attention(  # one key [c ; k_rope] for all
-            q, entries[..., None, :, :], c[..., None, :, :], mask)  # -> (..., h, T, d_c)
+            q, entries[..., None, :, :], c[..., None, :, :], mask,
+            scale=self.scale)  # -> (..., h, T, d_c)
         W_uv = W["W_uv"].reshape(d_c, h, d_v).transpose(1, 0, 2)  # (h, d_c, d_v)
         heads = latent_heads @ W_uv  # (..., h, T, d_c) @ (h, d_c, d_v): T rows, not S
         return merge_heads(heads) @ W["W_o"], weights  # (..., T, d_model)
@@ -311,8 +404,11 @@ class MultiHeadLatentAttention:
         return self._attend(q_nope, q_rope, cache.entries, None, absorbed)
 
     def __repr__(self) -> str:
+        extra = f", d_cq={self.d_cq}" if self.d_cq is not None else ""
+        extra += "" if self.latent_norm else ", latent_norm=False"
+        extra += f", rope_scaling={self.rope_scaling!r}" if self.rope_scaling else ""
         return (f"MultiHeadLatentAttention(d_model={self.d_model}, h={self.h}, d_c={self.d_c}, "
-                f"d_rope={self.d_rope}, d_k={self.d_k}, d_v={self.d_v})")
+                f"d_rope={self.d_rope}, d_k={self.d_k}, d_v={self.d_v}{extra})")
 
 
 class LatentCache:

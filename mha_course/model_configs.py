@@ -15,7 +15,11 @@ number the lesson prints is computed from these fields, not typed in. The rules:
 - a layer with a sliding window (``sliding_window``; ``layer_types`` says which layers have one,
   otherwise all do) holds at most ``sliding_window`` tokens, in a rolling buffer.
 
-Where the values come from, and which are less certain, is in each entry's ``"source"``.
+Where the values come from, and which are less certain, is in each entry's ``"source"``. The
+DeepSeek entries also carry what their attention layer needs beyond the cache: ``rms_norm_eps``
+(the latent RMSNorms') and ``rope_scaling`` (YaRN, whose ``mscale_all_dim`` sharpens the softmax:
+:func:`~mha_course.rope_scaling.mla_softmax_scale`); :func:`mla_layer_options` turns them into
+:class:`~mha_course.mla.MultiHeadLatentAttention` arguments.
 """
 
 from __future__ import annotations
@@ -49,6 +53,10 @@ MODELS: dict[str, dict] = {
         "num_hidden_layers": 60, "hidden_size": 5120, "num_attention_heads": 128,
         "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
         "v_head_dim": 128, "q_lora_rank": 1536, "max_position_embeddings": 163840,
+        "rms_norm_eps": 1e-6, "rope_theta": 10000,
+        "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+                         "beta_fast": 32, "beta_slow": 1, "mscale": 0.707,
+                         "mscale_all_dim": 0.707},
         "source": "deepseek-ai/DeepSeek-V2 config.json; DeepSeek-V2 paper (arXiv:2405.04434), "
                   "section 2.1",
     },
@@ -56,7 +64,12 @@ MODELS: dict[str, dict] = {
         "num_hidden_layers": 61, "hidden_size": 7168, "num_attention_heads": 128,
         "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
         "v_head_dim": 128, "q_lora_rank": 1536, "max_position_embeddings": 163840,
-        "source": "deepseek-ai/DeepSeek-V3 config.json; DeepSeek-V3 report (arXiv:2412.19437)",
+        "rms_norm_eps": 1e-6, "rope_theta": 10000,
+        "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+                         "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
+        "source": "deepseek-ai/DeepSeek-V3 config.json; DeepSeek-V3 report (arXiv:2412.19437); "
+                  "DeepSeek-V3 inference/model.py (ModelArgs: rope_factor 40, mscale 1.0, "
+                  "original_seq_len 4096)",
     },
     "gpt-oss-120b": {
         "num_hidden_layers": 36, "hidden_size": 2880, "num_attention_heads": 64,
@@ -127,6 +140,34 @@ def values_per_layer_token(config: dict) -> int:
         return (_field("values_per_layer_token", config, "kv_lora_rank")
                 + _field("values_per_layer_token", config, "qk_rope_head_dim"))
     return 2 * _field("values_per_layer_token", config, "num_key_value_heads") * head_dim(config)
+
+
+def mla_layer_options(config: dict) -> dict:
+    """The :class:`~mha_course.mla.MultiHeadLatentAttention` arguments of an MLA config.
+
+    ``d_c`` = ``kv_lora_rank``, ``d_rope`` = ``qk_rope_head_dim``, ``d_k`` =
+    ``qk_nope_head_dim``, ``d_v`` = ``v_head_dim``, ``d_cq`` = ``q_lora_rank`` (None: queries
+    projected directly), ``eps`` = ``rms_norm_eps``, ``rope_base`` = ``rope_theta``,
+    ``rope_scaling`` as it is.
+
+    Examples
+    --------
+    >>> opts = mla_layer_options(MODELS["DeepSeek-V3"])
+    >>> opts["d_c"], opts["d_rope"], opts["d_k"], opts["d_cq"], opts["eps"]
+    (512, 64, 128, 1536, 1e-06)
+    """
+    func = "mla_layer_options"
+    if not is_mla(config):
+        raise fail(func, "config has no 'kv_lora_rank'; expected an MLA config (DeepSeek-V2/V3)")
+    names = {"d_model": "hidden_size", "h": "num_attention_heads", "d_c": "kv_lora_rank",
+             "d_rope": "qk_rope_head_dim", "d_k": "qk_nope_head_dim", "d_v": "v_head_dim"}
+    options = {arg: _field(func, config, field) for arg, field in names.items()}
+    q_lora = config.get("q_lora_rank")
+    options["d_cq"] = None if q_lora is None else _field(func, config, "q_lora_rank")
+    options["eps"] = float(config.get("rms_norm_eps", 1e-6))
+    options["rope_base"] = float(config.get("rope_theta", 10000.0))
+    options["rope_scaling"] = config.get("rope_scaling")
+    return options
 
 
 def cache_bytes(config: dict, seq_len, batch=1, bytes_per_value=2) -> int:

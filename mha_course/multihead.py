@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._validate import as_float_array, fail, fmt_shape, validate_mask, validate_shape
-from .attention import scaled_dot_product_attention
+from .attention import scaled_dot_product_attention, validate_scale
 from .backward import SavedActivations, backward
 from .heads import (
     fuse_per_head,
@@ -83,6 +83,12 @@ class MultiHeadAttention:
         even ``d_k``; self-attention only (queries and keys must share positions).
     rope_base : float, default 10000.0
         RoPE's base (500000 in Llama 3).
+    scale : float, optional
+        What multiplies the scores ``q kᵀ``; default (None) ``1/√d_k``. Gemma 2 fixes it to
+        ``query_pre_attn_scalar**-0.5`` (27B: ``144**-0.5`` with ``d_k = 128``; Hugging Face
+        ``Gemma2Attention``: ``self.scaling = config.query_pre_attn_scalar**-0.5``).
+        :meth:`forward` and :meth:`decode_step` use it; the hand-written backward pass assumes
+        ``1/√d_k``, so ``forward(..., return_cache=True)`` refuses another scale.
 
     Attributes
     ----------
@@ -96,13 +102,16 @@ class MultiHeadAttention:
         Shapes (h*d_k,), (g*d_k,), (g*d_v,), (d_model,) when ``bias=True``.
     rope : str or None
     rope_base : float
+    scale : float or None
+        None for ``1/√d_k``.
 
     Raises
     ------
     ValueError
         If a size is not a positive integer, ``h`` does not divide ``d_model`` and no ``d_k``
-        is given, ``n_kv_heads`` does not divide ``h``, or ``rope`` is not None, "half" or
-        "interleaved" (or is given with an odd ``d_k``).
+        is given, ``n_kv_heads`` does not divide ``h``, ``rope`` is not None, "half" or
+        "interleaved" (or is given with an odd ``d_k``), or ``scale`` is not a positive finite
+        number.
 
     Examples
     --------
@@ -116,7 +125,7 @@ class MultiHeadAttention:
     """
 
     def __init__(self, d_model, h, d_k=None, d_v=None, *, bias=False, rng=None, n_kv_heads=None,
-                 rope=None, rope_base=10000.0):
+                 rope=None, rope_base=10000.0, scale=None):
         func = "MultiHeadAttention"
         d_model, h, d_k, d_v = head_dims(func, d_model, h, d_k, d_v)
         g = kv_head_count(func, h, n_kv_heads)
@@ -129,6 +138,7 @@ class MultiHeadAttention:
                                  "be even")
             apply_rope(np.zeros((1, d_k)), base=rope_base)  # refuses a bad base, by name
         self.rope, self.rope_base = rope, float(rope_base)
+        self.scale = None if scale is None else validate_scale(func, scale)
         rng = np.random.default_rng(rng)
 
         def xavier(fan_in, fan_out):
@@ -165,7 +175,7 @@ class MultiHeadAttention:
         b_o : ndarray, shape (d_model,), optional
             Give all four biases or none.
         **options
-            ``rope`` and ``rope_base``, as for the constructor.
+            ``rope``, ``rope_base`` and ``scale``, as for the constructor.
 
         Returns
         -------
@@ -291,8 +301,8 @@ class MultiHeadAttention:
         ------
         ValueError
             On a wrong last axis, batch axes of ``x`` and ``context`` that do not broadcast, a
-            mask that does not broadcast to (..., T, S), non-float input, or ``context`` given
-            to a layer with RoPE.
+            mask that does not broadcast to (..., T, S), non-float input, ``context`` given
+            to a layer with RoPE, or ``return_cache=True`` on a layer with a ``scale``.
 
         Examples
         --------
@@ -301,6 +311,10 @@ class MultiHeadAttention:
         >>> out.shape, weights.shape
         ((4, 3, 8), (4, 2, 3, 5))
         """
+        if return_cache and self.scale is not None:
+            raise fail("MultiHeadAttention.forward", f"return_cache=True saves what backward "
+                       f"needs, and backward assumes the scale 1/sqrt(d_k); this layer has "
+                       f"scale={self.scale!r}: build it with scale=None to train it by hand")
         x, kv_input, mask = self.validate_inputs(x, context, mask)
         dtype = np.result_type(x, kv_input)
         h, g = self.h, self.n_kv_heads
@@ -317,6 +331,7 @@ class MultiHeadAttention:
             kv_for_groups(k),  # (..., g, 1, S, d_k)
             kv_for_groups(v),  # (..., g, 1, S, d_v)
             mask=mask,  # (..., 1, 1, T, S)
+            scale=self.scale,  # None: 1/√d_k
         )  # -> (..., g, h/g, T, d_v), (..., g, h/g, T, S)
         heads, weights = ungroup_heads(heads), ungroup_heads(weights)  # (..., h, T, d_v | S)
         concat = merge_heads(heads)  # (..., h, T, d_v) -> (..., T, h*d_v)
@@ -420,6 +435,7 @@ class MultiHeadAttention:
             group_heads(q, g),  # (..., g, h/g, 1, d_k)
             kv_for_groups(cache.keys),  # (..., g, 1, L, d_k)
             kv_for_groups(cache.values),  # (..., g, 1, L, d_v)
+            scale=self.scale,
         )  # -> (..., g, h/g, 1, d_v), (..., g, h/g, 1, L)
         heads, weights = ungroup_heads(heads), ungroup_heads(weights)  # (..., h, 1, d_v | L)
         weights = cache.oldest_first(weights)  # a rolling buffer's slots in position order
@@ -486,6 +502,7 @@ class MultiHeadAttention:
         if self.rope is not None:
             extra += f", rope={self.rope!r}"
             extra += f", rope_base={self.rope_base:g}" if self.rope_base != 10000.0 else ""
+        extra += f", scale={self.scale:g}" if self.scale is not None else ""
         return (
             f"MultiHeadAttention(d_model={self.d_model}, h={self.h}, d_k={self.d_k}, "
             f"d_v={self.d_v}, bias={self.bias}{extra})"

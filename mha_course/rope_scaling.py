@@ -22,6 +22,12 @@ model then uses in place of ``θ_j``:
   :func:`yarn_attention_factor` is its second part (§3.4): the logits are divided by a
   temperature ``t`` with ``sqrt(1/t) = 0.1 · ln(s) + 1`` (the reference code multiplies the
   cosines and sines by this factor, so ``q · k`` grows by its square);
+- :func:`mla_softmax_scale`: where DeepSeek-V2/V3 put that factor. Their RoPE covers only the
+  ``d_rope`` part of each query and key, so scaling the rotation would miss the ``d_k`` part;
+  instead the softmax scale ``1/√(d_k + d_rope)`` is multiplied by ``mscale²``, with
+  ``mscale = 0.1 · mscale_all_dim · ln(s) + 1`` from the config's ``rope_scaling``
+  (:func:`yarn_attention_factor` with its ``mscale`` argument; Hugging Face
+  ``DeepseekV3Attention.__init__``, DeepSeek-V3's ``inference/model.py`` ``MLA.__init__``);
 - :func:`llama3_frequencies`: Llama 3.1's ``rope_scaling`` (``"rope_type": "llama3"``: factor 8,
   low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings 8192), written as
   Meta's ``apply_scaling``: pairs whose wavelength is shorter than ``L / high_freq_factor`` are
@@ -47,6 +53,7 @@ from ._validate import fail, validate_positive_int
 
 __all__ = [
     "llama3_frequencies",
+    "mla_softmax_scale",
     "ntk_base",
     "rope_frequencies",
     "yarn_attention_factor",
@@ -187,20 +194,102 @@ def yarn_frequencies(d: int, factor: float, original_max_position: int, base: fl
     return (1.0 - gamma) * theta / factor + gamma * theta
 
 
-def yarn_attention_factor(factor: float) -> float:
-    """YaRN's attention factor ``sqrt(1/t) = 0.1 · ln(s) + 1`` (1 when ``s <= 1``), §3.4.
+def yarn_attention_factor(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention factor ``sqrt(1/t) = 0.1 · mscale · ln(s) + 1`` (1 when ``s <= 1``), §3.4.
 
     The logits ``q · k / sqrt(d)`` are divided by the temperature ``t``, i.e. multiplied by the
     square of this factor (the reference code scales both the query's and the key's rotation by
-    it).
+    it). ``mscale`` is the coefficient DeepSeek's configs add (``rope_scaling["mscale"]`` and
+    ``["mscale_all_dim"]``: 0.707 in DeepSeek-V2, 1.0 in V3); the paper's formula is
+    ``mscale = 1``. The same function as Hugging Face's ``yarn_get_mscale(scale, mscale)``.
+
+    Parameters
+    ----------
+    factor : float
+        ``s``, the new context over the trained one (> 0).
+    mscale : float, default 1.0
+        >= 0.
+
+    Returns
+    -------
+    float
+
+    Raises
+    ------
+    ValueError
+        If ``factor`` is not a number > 0 or ``mscale`` is negative.
 
     Examples
     --------
     >>> round(yarn_attention_factor(4.0), 4), yarn_attention_factor(1.0)
     (1.1386, 1.0)
+    >>> round(yarn_attention_factor(40.0, mscale=0.707), 4)
+    1.2608
     """
-    factor = _number("yarn_attention_factor", "factor", factor, above=0.0)
-    return 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
+    func = "yarn_attention_factor"
+    factor = _number(func, "factor", factor, above=0.0)
+    if isinstance(mscale, (bool, np.bool_)) or not isinstance(
+            mscale, (int, float, np.integer, np.floating)) or not 0 <= mscale < math.inf:
+        raise fail(func, f"mscale={mscale!r} must be a finite number >= 0")
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def mla_softmax_scale(qk_head_dim: int, rope_scaling: dict | None = None) -> float:
+    """DeepSeek's softmax scale: ``qk_head_dim**-0.5``, times ``mscale²`` under YaRN.
+
+    ``qk_head_dim`` is the width of each head's dot product, ``d_k + d_rope``
+    (``qk_nope_head_dim + qk_rope_head_dim``: 192 in DeepSeek-V2 and V3). When the config's
+    ``rope_scaling`` has a non-zero ``mscale_all_dim``, the scale is multiplied by
+    ``m²`` with ``m = yarn_attention_factor(factor, mscale_all_dim)``, exactly as Hugging Face's
+    ``DeepseekV3Attention.__init__`` does::
+
+        self.scaling = self.qk_head_dim ** (-0.5)
+        if self.config.rope_scaling is not None:
+            mscale_all_dim = self.config.rope_scaling.get("mscale_all_dim", 0)
+            ...
+            if mscale_all_dim:
+                mscale = yarn_get_mscale(scaling_factor, mscale_all_dim)
+                self.scaling = self.scaling * mscale * mscale
+
+    Parameters
+    ----------
+    qk_head_dim : int
+    rope_scaling : dict, optional
+        The config's ``rope_scaling`` (``"factor"`` and, for the YaRN temperature,
+        ``"mscale_all_dim"``); None: no scaling.
+
+    Returns
+    -------
+    float
+
+    Raises
+    ------
+    ValueError
+        If ``qk_head_dim`` is not a positive integer, ``rope_scaling`` is not a dict with a
+        ``"factor"`` > 0, or its ``"mscale_all_dim"`` is negative.
+
+    Examples
+    --------
+    >>> v3 = {"type": "yarn", "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0}
+    >>> round(mla_softmax_scale(192) ** -2, 1), round(mla_softmax_scale(192, v3) * 192 ** 0.5, 4)
+    (192.0, 1.8739)
+    """
+    func = "mla_softmax_scale"
+    d = validate_positive_int(func, "qk_head_dim", qk_head_dim)
+    scale = d ** -0.5
+    if rope_scaling is None:
+        return scale
+    if not isinstance(rope_scaling, dict) or "factor" not in rope_scaling:
+        raise fail(func, f"rope_scaling={rope_scaling!r}; expected None or a config's "
+                         "rope_scaling dict with a 'factor' (and 'mscale_all_dim' for YaRN's "
+                         "temperature)")
+    factor = _number(func, "rope_scaling['factor']", rope_scaling["factor"], above=0.0)
+    mscale_all_dim = rope_scaling.get("mscale_all_dim", 0) or 0
+    if mscale_all_dim:
+        m = yarn_attention_factor(factor, _number(func, "rope_scaling['mscale_all_dim']",
+                                                  mscale_all_dim, above=0.0))
+        scale = scale * m * m
+    return scale
 
 
 def llama3_frequencies(d: int, base: float = 500000.0, factor: float = 8.0,

@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+from mha_course import apply_rope
 from mha_course.models.gpt import GPT, GPTConfig
 from mha_course.models.gpt_variants import BlockVariant, VariantGPT
 
@@ -19,6 +20,7 @@ VARIANTS = [
     BlockVariant(sinks=True),
     BlockVariant(gate="headwise"),
     BlockVariant(qk_norm=True, softcap=3.0, sinks=True, gate="elementwise"),
+    BlockVariant(softcap=2.0, scale=0.3),  # Gemma 2: its own score scale, then the cap
 ]
 
 
@@ -116,11 +118,11 @@ def torch_loss(torch, model, tokens, targets):
         q, k = heads(a @ P[f"L{i}.W_q"], c.h), heads(a @ P[f"L{i}.W_k"], c.n_kv_heads)
         vv = heads(a @ P[f"L{i}.W_v"], c.n_kv_heads)
         if v.qk_norm:
-            q = q / torch.sqrt((q * q).mean(-1, keepdim=True) + 1e-6) * P[f"L{i}.q_norm"]
-            k = k / torch.sqrt((k * k).mean(-1, keepdim=True) + 1e-6) * P[f"L{i}.k_norm"]
+            q = q / torch.sqrt((q * q).mean(-1, keepdim=True) + c.eps) * P[f"L{i}.q_norm"]
+            k = k / torch.sqrt((k * k).mean(-1, keepdim=True) + c.eps) * P[f"L{i}.k_norm"]
         q, k = rope(q), rope(k).repeat_interleave(r, dim=-3)
         vv = vv.repeat_interleave(r, dim=-3)
-        s = q @ k.transpose(-1, -2) / math.sqrt(c.d_k)
+        s = q @ k.transpose(-1, -2) * (1 / math.sqrt(c.d_k) if v.scale is None else v.scale)
         if v.softcap is not None:
             s = v.softcap * torch.tanh(s / v.softcap)
         s = s.masked_fill(~causal, float("-inf"))
@@ -157,6 +159,48 @@ def test_loss_and_gradients_equal_pytorch_autograd(variant, torch, rng):
                                    err_msg=name)
 
 
+def first_block_logits(model, tokens):
+    """Block 0's raw logits written out in NumPy: RMSNorm, projections, QK-norm with the
+    config's eps (Qwen3: config.rms_norm_eps), RoPE, q kᵀ times the variant's scale (Gemma 2:
+    query_pre_attn_scalar**-0.5) or 1/sqrt(d_k)."""
+    c, v, P = model.config, model.variant, model.parameters()
+
+    def rms(x, w):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + c.eps) * w
+
+    def heads(x, n):  # (B, T, n·d_k) -> (B, n, T, d_k)
+        return np.swapaxes(x.reshape(*x.shape[:-1], n, c.d_k), -2, -3)
+
+    a = rms(P["W_E"][tokens], P["L0.attn_norm"])
+    q, k = heads(a @ P["L0.W_q"], c.h), heads(a @ P["L0.W_k"], c.n_kv_heads)
+    if v.qk_norm:
+        q, k = rms(q, P["L0.q_norm"]), rms(k, P["L0.k_norm"])
+    q, k = apply_rope(q), np.repeat(apply_rope(k), c.h // c.n_kv_heads, axis=-3)
+    scale = 1 / math.sqrt(c.d_k) if v.scale is None else v.scale
+    return q @ np.swapaxes(k, -1, -2) * scale  # (B, h, T, T)
+
+
+@pytest.mark.parametrize("eps", [1e-5, 0.4])
+@pytest.mark.parametrize("variant", [BlockVariant(qk_norm=True),
+                                     BlockVariant(qk_norm=True, softcap=1.5, scale=0.7),
+                                     BlockVariant(softcap=50.0, scale=144 ** -0.5)],
+                         ids=lambda v: v.name if isinstance(v, BlockVariant) else None)
+def test_qk_norm_takes_the_configs_eps_and_the_scores_the_variants_scale(variant, eps, rng):
+    config = GPTConfig(vocab_size=13, d_model=16, n_layers=1, h=4, n_kv_heads=2,
+                       context_length=8, eps=eps)
+    model = perturbed(VariantGPT(config, variant, rng=4), rng)
+    tokens, _ = batch(rng)
+    _, stats = model.forward(tokens, stats=True)
+    s = first_block_logits(model, tokens)
+    causal = np.tril(np.ones((tokens.shape[-1],) * 2, dtype=bool))
+    want = np.where(causal, s, -np.inf).max(axis=(0, 2, 3))
+    np.testing.assert_allclose(stats[0]["max_logit"], want, rtol=1e-12)
+    if variant.softcap is not None:
+        cap = variant.softcap
+        np.testing.assert_allclose(stats[0]["max_capped_logit"], cap * np.tanh(want / cap),
+                                   rtol=1e-12)
+
+
 def test_stats_report_each_heads_logits_entropy_and_sink_mass(rng):
     model = perturbed(VariantGPT(CONFIG, BlockVariant(softcap=1.0, sinks=True), rng=0), rng)
     tokens, _ = batch(rng)
@@ -188,5 +232,8 @@ def test_bad_variants_and_the_missing_cache_are_named_errors():
         BlockVariant(softcap=-1.0)
     with pytest.raises(ValueError, match="BlockVariant: gate="):
         BlockVariant(gate="per-token")
+    with pytest.raises(ValueError, match=r"^BlockVariant: scale=0 must be None \(1/sqrt\(d_k\)\) "
+                                         r"or a positive number$"):
+        BlockVariant(scale=0)
     with pytest.raises(ValueError, match="VariantGPT.init_cache"):
         VariantGPT(CONFIG, rng=0).init_cache()

@@ -1,10 +1,14 @@
 """Multi-head latent attention (``mha_course.mla``) and ``mla_cache_bytes``.
 
 The absorbed form must equal the naive one to float64 round-off, with and without masks; the
-naive one must equal the definition written as a loop over heads, and PyTorch's
-``F.scaled_dot_product_attention`` on the same keys and values; decoding with the latent cache
-(absorbed or naive) must equal the causal forward; the cache holds ``d_c + d_rope`` values per
-token; and the cache bytes of DeepSeek-V2 and V3 follow from their published configurations.
+naive one must equal the definition written as a loop over heads in DeepSeek's order (Hugging
+Face's ``DeepseekV3Attention.forward``: the key/value latent RMS-normalised over its ``d_c``
+features before it is cached and up-projected, the RoPE key not; the query latent normalised when
+queries are compressed; the softmax scale times YaRN's ``mscale²``), and PyTorch's
+``F.rms_norm`` and ``F.scaled_dot_product_attention`` on the same weights; decoding with the
+latent cache (absorbed or naive) must equal the causal forward; the cache holds the normalised
+latent and the rotated RoPE key, ``d_c + d_rope`` values per token; and the cache bytes of
+DeepSeek-V2 and V3 follow from their published configurations.
 """
 
 from __future__ import annotations
@@ -44,20 +48,37 @@ def layer(rng=0, **sizes):
     return mla
 
 
-def by_definition(mla, x, mask=None):
-    """MLA from its definition, one head at a time, positions 0..T-1 (x: (T, d_model))."""
+def rms(a, gain, eps):
+    """RMSNorm over the last axis, written out: a / sqrt(mean(a²) + eps) · gain."""
+    return a / np.sqrt((a * a).mean(axis=-1, keepdims=True) + eps) * gain
+
+
+def by_definition(mla, x, mask=None, eps=1e-6, scale=None):
+    """MLA from its definition, one head at a time, positions 0..T-1 (x: (T, d_model)), in the
+    order of DeepseekV3Attention.forward: kv_a_layernorm on the d_c part only, before the
+    up-projection; the RoPE key not normalised; q_a_layernorm on the query latent (d_cq set)."""
     n = x.shape[0]
+    norm = mla.latent_norm
     c = x @ mla.W_dkv  # (T, d_c)
-    k_rope = apply_rope(x @ mla.W_kr)  # (T, d_rope), shared by all heads
+    if norm:
+        c = rms(c, mla.kv_norm, eps)
+    k_rope = apply_rope(x @ mla.W_kr)  # (T, d_rope), shared by all heads, not normalised
+    if mla.d_cq is None:
+        q_in, W_q = x, mla.W_q
+    else:
+        q_in, W_q = x @ mla.W_dq, mla.W_uq  # (T, d_cq): the query latent
+        if norm:
+            q_in = rms(q_in, mla.q_norm, eps)
+    scale = 1 / np.sqrt(mla.d_k + mla.d_rope) if scale is None else scale
     outs, weights = [], []
     for i in range(mla.h):
         cols_k = slice(i * mla.d_k, (i + 1) * mla.d_k)
         cols_v = slice(i * mla.d_v, (i + 1) * mla.d_v)
         cols_r = slice(i * mla.d_rope, (i + 1) * mla.d_rope)
-        q_i = np.concatenate([x @ mla.W_q[:, cols_k], apply_rope(x @ mla.W_qr[:, cols_r])], -1)
+        q_i = np.concatenate([q_in @ W_q[:, cols_k], apply_rope(q_in @ mla.W_qr[:, cols_r])], -1)
         k_i = np.concatenate([c @ mla.W_uk[:, cols_k], k_rope], -1)
         v_i = c @ mla.W_uv[:, cols_v]
-        scores = q_i @ k_i.T / np.sqrt(mla.d_k + mla.d_rope)
+        scores = q_i @ k_i.T * scale
         w = softmax(scores, mask=None if mask is None else np.broadcast_to(mask, (n, n)))
         outs.append(w @ v_i)
         weights.append(w)
@@ -91,7 +112,8 @@ def test_absorbed_equals_naive_to_round_off(lead, masking):
 
 
 @pytest.mark.parametrize("sizes", [{}, {"d_c": 2}, {"d_c": 40, "d_rope": 2},
-                                   {"h": 6, "d_k": 3, "d_v": 2}])
+                                   {"h": 6, "d_k": 3, "d_v": 2}, {"d_cq": 8},
+                                   {"latent_norm": False}, {"d_cq": 11, "latent_norm": False}])
 def test_naive_form_equals_the_definition_head_by_head(sizes):
     rng = np.random.default_rng(12)
     mla = layer(**sizes)
@@ -113,6 +135,68 @@ def test_the_scale_is_one_over_sqrt_of_d_k_plus_d_rope():
     _, w = mla(x, absorbed=True)
     _, w_def = by_definition(mla, x)
     assert np.abs(w - w_def).max() <= TOL
+
+
+def test_the_latents_are_normalised_with_their_own_gains_and_eps():
+    # DeepSeek's kv_a_layernorm and q_a_layernorm are RMSNorms with learned gains; eps is the
+    # config's (1e-6 by default). A large eps makes the difference visible.
+    rng = np.random.default_rng(19)
+    x = rng.normal(size=(T, D_MODEL))
+    for eps in (1e-6, 0.5):
+        mla = layer(d_cq=8, eps=eps)
+        assert mla.eps == eps and mla.kv_norm.shape == (D_C,) and mla.q_norm.shape == (8,)
+        for absorbed in (False, True):
+            out, w = mla(x, mask=causal_mask(T), absorbed=absorbed)
+            want_out, want_w = by_definition(mla, x, causal_mask(T), eps=eps)
+            assert np.abs(out - want_out).max() <= TOL and np.abs(w - want_w).max() <= TOL
+    # The norms change the output: the same weights without them give another layer.
+    bare = layer(d_cq=8, latent_norm=False)
+    normed = layer(d_cq=8)
+    assert np.abs(bare(x)[0] - normed(x)[0]).max() > 0.1
+
+
+def test_only_the_latent_part_is_normalised_not_the_rope_key():
+    # kv_a_proj_with_mqa makes [c ; k_rope] in one matmul; the norm covers the kv_lora_rank part
+    # only. Normalising the whole 11-wide row instead is a different layer.
+    rng = np.random.default_rng(20)
+    mla = layer()
+    x = rng.normal(size=(T, D_MODEL))
+    whole = np.concatenate([x @ mla.W_dkv, x @ mla.W_kr], -1)  # (T, d_c + d_rope), unrotated
+    wrong_c = rms(whole, 1.0, 1e-6)[:, :D_C] * mla.kv_norm
+    assert np.abs(wrong_c - mla.latent(x)).max() > 1e-3
+    np.testing.assert_allclose(mla.latent(x), rms(x @ mla.W_dkv, mla.kv_norm, 1e-6), rtol=0,
+                               atol=1e-12)
+
+
+def yarn_mscale(factor, mscale):
+    """DeepSeek's yarn_get_mscale, written out: 0.1 · mscale · ln(factor) + 1 (1 at factor <= 1)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * np.log(factor) + 1.0
+
+
+@pytest.mark.parametrize("rope_scaling", [
+    {"type": "yarn", "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+     "original_max_position_embeddings": 4096},  # DeepSeek-V3's
+    {"type": "yarn", "factor": 40, "mscale": 0.707, "mscale_all_dim": 0.707},  # DeepSeek-V2's
+    {"rope_type": "yarn", "factor": 3.0, "mscale_all_dim": 0.5},
+    {"type": "yarn", "factor": 7.0},  # no mscale_all_dim: no change (Hugging Face's `if`)
+])
+def test_yarn_mscale_reaches_the_softmax_scale(rope_scaling):
+    rng = np.random.default_rng(21)
+    mla = layer(rope_scaling=rope_scaling, d_cq=10)
+    m = yarn_mscale(rope_scaling["factor"], rope_scaling.get("mscale_all_dim", 0))
+    if not rope_scaling.get("mscale_all_dim"):
+        m = 1.0
+    want_scale = m * m / np.sqrt(D_K + D_ROPE)
+    assert mla.scale == pytest.approx(want_scale, rel=1e-15)
+    x = rng.normal(size=(2, T, D_MODEL))
+    want = [by_definition(mla, x_b, causal_mask(T), scale=want_scale) for x_b in x]
+    want_out, want_w = np.stack([o for o, _ in want]), np.stack([w for _, w in want])
+    for absorbed in (False, True):
+        out, w = mla(x, mask=causal_mask(T), absorbed=absorbed)
+        assert np.abs(out - want_out).max() <= TOL and np.abs(w - want_w).max() <= TOL
+    cache = mla.init_cache((2,))
+    steps = [mla.decode_step(x[:, t : t + 1], cache)[0] for t in range(T)]
+    assert np.abs(np.concatenate(steps, axis=-2) - want_out).max() <= TOL
 
 
 def test_float32_stays_float32():
@@ -138,7 +222,8 @@ def test_naive_form_matches_torch_sdpa_with_an_explicit_mask(torch):
     def heads(y, n):  # (B, T, n*d) -> (B, n, T, d)
         return y.unflatten(-1, (n, -1)).transpose(-3, -2)
 
-    c = xt @ P["W_dkv"]
+    # DeepSeek's kv_a_layernorm, as torch computes it
+    c = torch.nn.functional.rms_norm(xt @ P["W_dkv"], (D_C,), P["kv_norm"], 1e-6)
     k_rope = rope(xt @ P["W_kr"])[:, None].expand(-1, H, -1, -1)
     q = torch.cat([heads(xt @ P["W_q"], H), rope(heads(xt @ P["W_qr"], H))], -1)
     k = torch.cat([heads(c @ P["W_uk"], H), k_rope], -1)
@@ -156,7 +241,7 @@ def test_rope_on_the_latent_keys_would_block_absorption():
     rng = np.random.default_rng(15)
     mla = layer(d_k=6)
     x = rng.normal(size=(T, D_MODEL))
-    c = x @ mla.W_dkv
+    c = mla.latent(x)
     W_uk = mla.W_uk[:, :6]  # head 0
     q = apply_rope(x @ mla.W_q[:, :6])  # (T, 6)
     k = apply_rope(c @ W_uk)  # RoPE on the up-projected key
@@ -196,7 +281,10 @@ def test_the_cache_holds_the_latent_and_the_rotated_rope_key_only():
     assert cache.values_per_token == D_C + D_ROPE
     for t in range(T):
         mla.decode_step(x[:, t : t + 1], cache)
-    np.testing.assert_allclose(cache.latent, x @ mla.W_dkv, rtol=0, atol=1e-12)
+    # the normalised latent (DeepSeek-V3 inference/model.py: kv_cache = kv_norm(kv)), and the
+    # rotated RoPE key, not normalised (pe_cache = k_pe)
+    np.testing.assert_allclose(cache.latent, rms(x @ mla.W_dkv, mla.kv_norm, 1e-6), rtol=0,
+                               atol=1e-12)
     np.testing.assert_allclose(cache.rope_keys, apply_rope(x @ mla.W_kr), rtol=0, atol=1e-12)
     assert cache.latent.shape == (2, T, D_C) and cache.rope_keys.shape == (2, T, D_ROPE)
     with pytest.raises(ValueError, match="read-only"):
@@ -227,6 +315,15 @@ def error(call) -> str:
     ({"d_c": 0}, "MultiHeadLatentAttention: d_c=0 must be an integer >= 1"),
     ({"d_k": None, "h": 4}, "MultiHeadLatentAttention: d_model=18 is not divisible by h=4; "
                             "pass d_k explicitly"),
+    ({"d_cq": 0}, "MultiHeadLatentAttention: d_cq=0 must be an integer >= 1"),
+    ({"eps": -1e-6}, "MultiHeadLatentAttention: eps=-1e-06 must be a finite number >= 0"),
+    ({"rope_scaling": {"type": "linear", "factor": 2.0}},
+     "MultiHeadLatentAttention: rope_scaling={'type': 'linear', 'factor': 2.0}; expected None "
+     "or a YaRN rope_scaling dict (type 'yarn', a 'factor', 'mscale_all_dim'), as DeepSeek's "
+     "config.json has"),
+    ({"rope_scaling": {"type": "yarn"}},
+     "mla_softmax_scale: rope_scaling={'type': 'yarn'}; expected None or a config's "
+     "rope_scaling dict with a 'factor' (and 'mscale_all_dim' for YaRN's temperature)"),
 ])
 def test_bad_sizes_are_named_errors(kwargs, message):
     args = {"d_model": D_MODEL, "h": H, "d_c": D_C, "d_rope": D_ROPE, "d_k": D_K, **kwargs}

@@ -3,6 +3,8 @@ them, against the figures the models' papers and cards publish."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from mha_course import kv_cache_bytes, mla_cache_bytes
@@ -12,8 +14,10 @@ from mha_course.model_configs import (
     head_dim,
     is_mla,
     layer_windows,
+    mla_layer_options,
     values_per_layer_token,
 )
+from mha_course.rope_scaling import mla_softmax_scale
 
 KIB, MIB, GIB = 2**10, 2**20, 2**30
 
@@ -94,3 +98,23 @@ def test_every_config_names_its_source():
 def test_incomplete_configs_are_named_errors(config, message):
     with pytest.raises(ValueError, match="^" + message.replace("[", r"\[").replace("]", r"\]")):
         cache_bytes(config, 8)
+
+
+@pytest.mark.parametrize("name, mscale_all_dim", [("DeepSeek-V2", 0.707), ("DeepSeek-V3", 1.0)])
+def test_deepseek_configs_give_the_layer_its_norm_eps_and_yarn_scale(name, mscale_all_dim):
+    opts = mla_layer_options(MODELS[name])
+    assert (opts["d_c"], opts["d_rope"], opts["d_k"], opts["d_v"], opts["d_cq"]) == (
+        512, 64, 128, 128, 1536)
+    assert opts["eps"] == 1e-6 and opts["rope_base"] == 10000.0
+    assert opts["rope_scaling"]["factor"] == 40
+    assert opts["rope_scaling"]["mscale_all_dim"] == mscale_all_dim
+    # 0.1 · mscale_all_dim · ln(40) + 1, squared, on 1/sqrt(128 + 64)
+    m = 0.1 * mscale_all_dim * math.log(40) + 1
+    assert mla_softmax_scale(192, opts["rope_scaling"]) == pytest.approx(m * m / math.sqrt(192),
+                                                                         rel=1e-15)
+
+
+def test_mla_layer_options_refuses_a_config_without_a_latent():
+    with pytest.raises(ValueError, match=r"^mla_layer_options: config has no 'kv_lora_rank'; "
+                                         r"expected an MLA config"):
+        mla_layer_options(MODELS["Llama 3 8B"])

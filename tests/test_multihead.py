@@ -391,9 +391,9 @@ def test_forward_and_decode_step_attend_through_scaled_dot_product_attention(rng
     calls = []
     real = multihead_module.scaled_dot_product_attention
 
-    def spy(q, k, v, mask=None):
+    def spy(q, k, v, mask=None, *, scale=None):
         calls.append((q.shape, k.shape, None if mask is None else np.shape(mask)))
-        return real(q, k, v, mask=mask)
+        return real(q, k, v, mask=mask, scale=scale)
 
     monkeypatch.setattr(multihead_module, "scaled_dot_product_attention", spy)
     layer = conftest.random_layer(rng, d_model=12, h=4, n_kv_heads=2)
@@ -406,3 +406,61 @@ def test_forward_and_decode_step_attend_through_scaled_dot_product_attention(rng
     layer.decode_step(x[:, 1:2], cache)
     assert calls[1:] == [((B, 2, 2, 1, 3), (B, 2, 1, 1, 3), None),
                          ((B, 2, 2, 1, 3), (B, 2, 1, 2, 3), None)]
+
+
+# ------------------------------------------------------------------------- the score scale
+def scaled_by_definition(layer, x, scale, mask=None):
+    """softmax(scale · q kᵀ) v per head, W_o after: the layer written out (no GQA, no RoPE)."""
+    per = layer.per_head()
+    heads, weights = [], []
+    for i in range(layer.h):
+        q, k, v = x @ per["W_q"][i], x @ per["W_k"][i], x @ per["W_v"][i]
+        s = scale * q @ np.swapaxes(k, -1, -2)
+        if mask is not None:
+            s = np.where(mask, s, -np.inf)
+        w = np.exp(s - s.max(-1, keepdims=True))
+        w = w / w.sum(-1, keepdims=True)
+        heads.append(w @ v)
+        weights.append(w)
+    return np.concatenate(heads, -1) @ layer.W_o, np.stack(weights, -3)
+
+
+@pytest.mark.parametrize("scale", [None, 144 ** -0.5, 0.9])
+def test_a_layer_scales_its_scores_by_its_scale(rng, scale):
+    # Gemma 2: query_pre_attn_scalar**-0.5 (27B: 144**-0.5 with head_dim 128), not 1/sqrt(d_k).
+    layer = random_layer(rng, scale=scale)
+    x = rng.normal(size=(B, T, D_MODEL))
+    want = 1 / np.sqrt(D_K) if scale is None else scale
+    want_out, want_w = scaled_by_definition(layer, x, want, causal_mask(T))
+    out, w = layer(x, mask=causal_mask(T))
+    np.testing.assert_allclose(out, want_out, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(w, want_w, rtol=0, atol=1e-12)
+    cache = layer.init_cache((B,))
+    steps = [layer.decode_step(x[:, t : t + 1], cache)[0] for t in range(T)]
+    np.testing.assert_allclose(np.concatenate(steps, -2), want_out, rtol=0, atol=1e-12)
+
+
+def test_no_scale_is_the_default_layer_exactly(rng):
+    x = rng.normal(size=(B, T, D_MODEL))
+    a = MultiHeadAttention(D_MODEL, H, D_K, D_V, rng=3)
+    b = MultiHeadAttention(D_MODEL, H, D_K, D_V, rng=3, scale=None)
+    np.testing.assert_array_equal(a(x)[0], b(x)[0])
+    c = MultiHeadAttention(D_MODEL, H, D_K, D_V, rng=3, scale=1 / np.sqrt(D_K))
+    np.testing.assert_allclose(c(x)[0], a(x)[0], rtol=0, atol=1e-12)
+    assert "scale" not in repr(a) and "scale=0.5" in repr(
+        MultiHeadAttention(D_MODEL, H, D_K, D_V, scale=0.5))
+
+
+def test_a_bad_scale_and_backward_with_a_scale_are_named_errors(rng):
+    for bad in (0.0, -1.0, float("inf"), "0.1", True):
+        with pytest.raises(ValueError, match=r"^MultiHeadAttention: scale=.* must be a positive "
+                                             r"finite number \(None: 1/sqrt\(d_k\)\)$"):
+            MultiHeadAttention(D_MODEL, H, D_K, scale=bad)
+    with pytest.raises(ValueError, match=r"^scaled_dot_product_attention: scale=-2 must be"):
+        scaled_dot_product_attention(np.ones((T, D_K)), np.ones((S, D_K)), np.ones((S, D_V)),
+                                     scale=-2)
+    layer = random_layer(rng, scale=0.3)
+    with pytest.raises(ValueError, match=r"^MultiHeadAttention.forward: return_cache=True saves "
+                                         r"what backward needs, and backward assumes the scale "
+                                         r"1/sqrt\(d_k\); this layer has scale=0.3"):
+        layer(rng.normal(size=(T, D_MODEL)), return_cache=True)

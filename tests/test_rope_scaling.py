@@ -10,6 +10,7 @@ import pytest
 from mha_course.positions import rope_angles
 from mha_course.rope_scaling import (
     llama3_frequencies,
+    mla_softmax_scale,
     ntk_base,
     rope_frequencies,
     yarn_attention_factor,
@@ -127,6 +128,41 @@ def test_yarn_attention_factor_and_ntk_base():
     assert theta[-1] / theta_ntk[-1] == pytest.approx(s, rel=1e-12)
 
 
+def yarn_get_mscale(scale, mscale):
+    """Hugging Face's (and DeepSeek's) formula, written out: 0.1 · mscale · ln(scale) + 1."""
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+@pytest.mark.parametrize("factor, mscale", [(40, 1.0), (40, 0.707), (4.0, 0.5), (1.0, 0.707),
+                                            (0.25, 1.0), (13.0, 0.0)])
+def test_yarn_attention_factor_with_deepseeks_mscale(factor, mscale):
+    assert yarn_attention_factor(factor, mscale) == pytest.approx(yarn_get_mscale(factor, mscale),
+                                                                  rel=1e-15)
+
+
+@pytest.mark.parametrize("qk_head_dim, rope_scaling, m", [
+    (192, None, 1.0),
+    (192, {"type": "yarn", "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0}, (40, 1.0)),
+    (192, {"type": "yarn", "factor": 40, "mscale": 0.707, "mscale_all_dim": 0.707}, (40, 0.707)),
+    (9, {"rope_type": "yarn", "factor": 3, "mscale_all_dim": 0.5}, (3, 0.5)),
+    (9, {"type": "yarn", "factor": 3, "mscale": 0.9}, 1.0),  # no mscale_all_dim: unchanged
+    (9, {"type": "yarn", "factor": 3, "mscale_all_dim": 0}, 1.0),
+])
+def test_mla_softmax_scale_is_deepseeks(qk_head_dim, rope_scaling, m):
+    # DeepseekV3Attention.__init__: scaling = qk_head_dim**-0.5, times mscale² when
+    # rope_scaling has a non-zero mscale_all_dim.
+    m = m if isinstance(m, float) else yarn_get_mscale(*m)
+    assert mla_softmax_scale(qk_head_dim, rope_scaling) == pytest.approx(
+        qk_head_dim ** -0.5 * m * m, rel=1e-15)
+
+
+def test_deepseek_v3s_softmax_is_sharpened_by_1_874():
+    v3 = {"type": "yarn", "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0}
+    ratio = mla_softmax_scale(192, v3) / mla_softmax_scale(192)
+    assert ratio == pytest.approx((0.1 * math.log(40) + 1) ** 2, rel=1e-15)
+    assert round(ratio, 3) == 1.874
+
+
 def test_ramp_thresholds():
     np.testing.assert_array_equal(yarn_ramp([0.0, 1.0, 2.0, 4.0, 9.0], 1.0, 4.0),
                                   [0.0, 0.0, 1 / 3, 1.0, 1.0])
@@ -141,6 +177,14 @@ def test_ramp_thresholds():
     (lambda: yarn_ramp([1.0], alpha=2.0, beta=1.0), r"yarn_ramp: beta=1.0 must be a number > 2"),
     (lambda: ntk_base(10000.0, 4.0, 2), r"ntk_base: d=2 must be at least 4"),
     (lambda: rope_frequencies(8, base=1.0), r"rope_frequencies: base=1.0 must be a number > 1"),
+    (lambda: yarn_attention_factor(4.0, mscale=-0.5),
+     r"yarn_attention_factor: mscale=-0.5 must be a finite number >= 0"),
+    (lambda: mla_softmax_scale(0), r"mla_softmax_scale: qk_head_dim=0 must be an integer >= 1"),
+    (lambda: mla_softmax_scale(192, {"type": "yarn", "factor": -2.0}),
+     r"mla_softmax_scale: rope_scaling\['factor'\]=-2.0 must be a number > 0"),
+    (lambda: mla_softmax_scale(192, {"factor": 40, "mscale_all_dim": -1.0}),
+     r"mla_softmax_scale: rope_scaling\['mscale_all_dim'\]=-1.0 must be a number > 0"),
+    (lambda: mla_softmax_scale(192, 40), r"mla_softmax_scale: rope_scaling=40; expected None"),
 ])
 def test_bad_arguments_raise_a_named_value_error(call, match):
     with pytest.raises(ValueError, match=match):

@@ -253,6 +253,27 @@ def test_sdpa_without_mask_matches_torch(torch, rng, lead):
     assert max_abs_diff(out, out_t) <= TOL
 
 
+@pytest.mark.parametrize("scale", [144 ** -0.5, 0.05, 2.0])
+def test_sdpa_with_a_scale_matches_torch_scale(torch, rng, scale):
+    # torch's scale= (default None: 1/sqrt(E)), as Gemma 2's query_pre_attn_scalar**-0.5 uses it
+    q, k, v = sdpa_inputs(rng, (B, H), T, S)
+    mask = causal_mask(T, S)
+    out, w = scaled_dot_product_attention(q, k, v, mask=mask, scale=scale)
+    out_t = torch.nn.functional.scaled_dot_product_attention(
+        *(torch.from_numpy(a) for a in (q, k, v)), attn_mask=torch_bool(mask), scale=scale)
+    assert max_abs_diff(out, out_t) <= TOL
+    layer = random_layer(rng, scale=scale)
+    x = rng.normal(size=(B, T, layer.d_model))
+
+    def heads(y):  # (B, T, h·d) -> (B, h, T, d), in torch
+        return torch.from_numpy(y).unflatten(-1, (layer.h, -1)).transpose(-3, -2)
+
+    o = torch.nn.functional.scaled_dot_product_attention(
+        heads(x @ layer.W_q), heads(x @ layer.W_k), heads(x @ layer.W_v), scale=scale)
+    want = o.transpose(-3, -2).flatten(-2).numpy() @ layer.W_o
+    assert max_abs_diff(layer(x)[0], torch.from_numpy(want)) <= TOL
+
+
 @pytest.mark.parametrize("mask_shape", [(T, S), (B, H, T, S), (B, 1, 1, S)])
 def test_sdpa_with_boolean_mask_matches_torch(torch, rng, mask_shape):
     q, k, v = sdpa_inputs(rng, (B, H), T, S)

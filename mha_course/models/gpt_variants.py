@@ -8,9 +8,10 @@ SwiGLU, RoPE, GQA, head and parameters) whose attention adds what a :class:`Bloc
 switches on, in the order real models apply them::
 
     q, k = split(a W_q), split(a W_k)              # a = rms_norm(x): the block's input
-    q, k = qk_norm(q, q_norm), qk_norm(k, k_norm)  # qk_norm: per head, over d_k (Qwen3, Gemma 3)
-    q, k = rope(q), rope(k)
-    s = q kᵀ / √d_k                                # the logits that grow
+    q, k = qk_norm(q, q_norm), qk_norm(k, k_norm)  # qk_norm: per head, over d_k (Qwen3, Gemma 3),
+    q, k = rope(q), rope(k)                        #   with the config's eps, as Qwen3's q_norm
+    s = q kᵀ · scale                               # the logits that grow; scale: 1/√d_k, or
+                                                   #   Gemma 2's query_pre_attn_scalar**-0.5
     z = c · tanh(s / c)                            # softcap: Gemma 2's c = 50
     p = softmax([z | mask, sink_i])[:, :-1]        # sinks: gpt-oss, one logit per head
     o = p v
@@ -50,9 +51,6 @@ from .tiny_model import cross_entropy
 
 __all__ = ["BlockVariant", "VariantGPT"]
 
-#: RMSNorm's epsilon inside QK-norm (Qwen3's rms_norm_eps).
-QK_EPS = 1e-6
-
 
 @dataclass(frozen=True)
 class BlockVariant:
@@ -64,6 +62,10 @@ class BlockVariant:
         RMSNorm on each head's queries and keys, with learned gains, before RoPE.
     softcap : float, optional
         ``c`` of ``c · tanh(s / c)`` on the scaled logits, before the mask.
+    scale : float, optional
+        What multiplies ``q kᵀ``; default (None) ``1/√d_k``. Gemma 2, the soft-capping model,
+        uses ``query_pre_attn_scalar**-0.5`` (27B: ``144**-0.5`` with ``d_k = 128``; Hugging Face
+        ``Gemma2Attention``: ``self.scaling = config.query_pre_attn_scalar**-0.5``).
     sinks : bool
         One learned sink logit per head in the softmax's denominator.
     gate : {None, "headwise", "elementwise"}
@@ -75,12 +77,15 @@ class BlockVariant:
     'qk_norm'
     >>> BlockVariant(softcap=50.0, sinks=True).name
     'softcap50+sinks'
+    >>> BlockVariant(softcap=50.0, scale=0.25).name
+    'softcap50+scale0.25'
     """
 
     qk_norm: bool = False
     softcap: float | None = None
     sinks: bool = False
     gate: str | None = None
+    scale: float | None = None
 
     def __post_init__(self):
         func = "BlockVariant"
@@ -90,13 +95,19 @@ class BlockVariant:
             raise fail(func, f"softcap={self.softcap!r} must be None or a positive number")
         if self.gate not in (None, "headwise", "elementwise"):
             raise fail(func, f"gate={self.gate!r} must be None, 'headwise' or 'elementwise'")
+        if self.scale is not None and not (isinstance(self.scale, (int, float))
+                                           and not isinstance(self.scale, bool)
+                                           and math.isfinite(self.scale) and self.scale > 0):
+            raise fail(func, f"scale={self.scale!r} must be None (1/sqrt(d_k)) or a positive "
+                             "number")
 
     @property
     def name(self) -> str:
         """A short label: ``baseline`` or the switches joined by ``+``."""
         parts = (["qk_norm"] if self.qk_norm else []) + (
             [f"softcap{self.softcap:g}"] if self.softcap is not None else []) + (
-            ["sinks"] if self.sinks else []) + ([f"gate_{self.gate}"] if self.gate else [])
+            ["sinks"] if self.sinks else []) + ([f"gate_{self.gate}"] if self.gate else []) + (
+            [f"scale{self.scale:g}"] if self.scale is not None else [])
         return "+".join(parts) or "baseline"
 
 
@@ -179,6 +190,12 @@ class VariantGPT(GPT):
                       if key.startswith("param/")}
         return cls.from_parameters(config, params, dtype, variant)
 
+    @property
+    def scale(self) -> float:
+        """What multiplies ``q kᵀ``: the variant's ``scale``, or ``1/√d_k``."""
+        v = self.variant.scale
+        return 1.0 / math.sqrt(self.config.d_k) if v is None else float(v)
+
     # ------------------------------------------------------------------------ forward pass
     def _attention(self, i: int, a: np.ndarray, mask: np.ndarray, keep: bool):
         """Block ``i``'s attention on its normalised input ``a`` (B, T, d_model)."""
@@ -189,12 +206,12 @@ class VariantGPT(GPT):
         q0 = split_heads(a @ attn.W_q, c.h)  # (B, T, h·d_k) -> (B, h, T, d_k)
         k0 = split_heads(a @ attn.W_k, c.n_kv_heads)  # (B, g, T, d_k)
         v_g = split_heads(a @ attn.W_v, c.n_kv_heads)  # (B, g, T, d_k)
-        q1 = qk_norm(q0, extra["q_norm"], QK_EPS) if v.qk_norm else q0
-        k1 = qk_norm(k0, extra["k_norm"], QK_EPS) if v.qk_norm else k0
+        q1 = qk_norm(q0, extra["q_norm"], c.eps) if v.qk_norm else q0  # the config's eps
+        k1 = qk_norm(k0, extra["k_norm"], c.eps) if v.qk_norm else k0
         q = apply_rope(q1, positions, base=c.rope_base, layout=c.rope)
         k = np.repeat(apply_rope(k1, positions, base=c.rope_base, layout=c.rope), r, axis=-3)
         vv = np.repeat(v_g, r, axis=-3)  # (B, h, T, d_k): query head j reads K/V head j // r
-        s = (q @ np.swapaxes(k, -1, -2)) * (1.0 / math.sqrt(c.d_k))  # (B, h, T, T)
+        s = (q @ np.swapaxes(k, -1, -2)) * self.scale  # (B, h, T, T)
         z = soft_cap(s, v.softcap) if v.softcap is not None else s
         if v.sinks:
             p, p_sink = softmax_with_sink(z, extra["sinks"], mask)
@@ -245,7 +262,7 @@ class VariantGPT(GPT):
             Also return what :meth:`backward` needs.
         stats : bool
             Also return one dict per block: ``max_logit`` (h,) the largest raw logit
-            ``q·k/√d_k``, ``max_capped_logit`` (h,) after the cap, ``entropy`` (h,) the mean
+            ``q·k·scale``, ``max_capped_logit`` (h,) after the cap, ``entropy`` (h,) the mean
             entropy of the heads' rows (the sink's share counted as one more outcome),
             ``sink_mass`` (h,) the mean weight on the sink.
 
@@ -321,7 +338,7 @@ class VariantGPT(GPT):
         else:
             dz = p * (dp - (p * dp).sum(axis=-1, keepdims=True))
         ds = soft_cap_backward(dz, sv["s"], v.softcap) if v.softcap is not None else dz
-        ds = ds * (1.0 / math.sqrt(c.d_k))
+        ds = ds * self.scale
         dq = ds @ sv["k"]  # (B, h, T, d_k)
         dk = np.swapaxes(ds, -1, -2) @ sv["q"]  # (B, h, T, d_k)
         T = a.shape[-2]
@@ -331,8 +348,8 @@ class VariantGPT(GPT):
         dk1 = apply_rope(dk.reshape(group).sum(axis=-3), back, base=c.rope_base, layout=c.rope)
         dv_g = dvv.reshape(group).sum(axis=-3)  # (B, g, T, d_k): summed over each group
         if v.qk_norm:
-            dq0, grads[f"L{i}.q_norm"] = qk_norm_backward(dq1, sv["q0"], extra["q_norm"], QK_EPS)
-            dk0, grads[f"L{i}.k_norm"] = qk_norm_backward(dk1, sv["k0"], extra["k_norm"], QK_EPS)
+            dq0, grads[f"L{i}.q_norm"] = qk_norm_backward(dq1, sv["q0"], extra["q_norm"], c.eps)
+            dk0, grads[f"L{i}.k_norm"] = qk_norm_backward(dk1, sv["k0"], extra["k_norm"], c.eps)
         else:
             dq0, dk0 = dq1, dk1
         for name, d_heads, W in (("W_q", dq0, attn.W_q), ("W_k", dk0, attn.W_k),
