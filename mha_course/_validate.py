@@ -136,3 +136,19 @@ def validate_positive_int(func: str, name: str, value, minimum: int = 1) -> int:
     if value < minimum:
         raise fail(func, f"{name}={value} must be an integer >= {minimum}")
     return int(value)
+
+
+def refuse_layer_scale(func: str, layer, name: str = "layer"):
+    """Raise unless ``layer`` scores with the default ``1/√d_k``; return the layer.
+
+    Only ``MultiHeadAttention.forward`` and ``decode_step`` apply a layer's own ``scale``
+    (Gemma 2's ``query_pre_attn_scalar**-0.5``); the other paths over a layer's weights (the lean
+    forward, chunked and split-KV decoding, the serving decoder, tensor parallelism, the
+    hand-written backward) assume ``1/√d_k`` and refuse a layer with a ``scale`` rather than
+    return a different layer's output.
+    """
+    scale = getattr(layer, "scale", None)
+    if scale is not None:
+        raise fail(func, f"{name} has scale={scale!r}; this path scores with 1/sqrt(d_k) only: "
+                         f"build the layer with scale=None, or use its forward / decode_step")
+    return layer

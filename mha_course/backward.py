@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validate import as_float_array, fail, fmt_shape, validate_shape
+from ._validate import as_float_array, fail, fmt_shape, refuse_layer_scale, validate_shape
 from .heads import group_heads, kv_for_groups, merge_heads, split_heads, ungroup_heads
 from .positions import apply_rope
 
@@ -298,6 +298,7 @@ def backward(layer, grad_out, saved) -> dict[str, np.ndarray]:
     ((3, 8), (8, 8))
     """
     func = "MultiHeadAttention.backward"
+    refuse_layer_scale(func, layer)
     if not isinstance(saved, SavedActivations):
         raise fail(
             func,

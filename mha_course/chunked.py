@@ -81,6 +81,7 @@ def attend_chunk(layer, x, cache: KVCache):
         kv_for_groups(cache.keys),  # (..., g, 1, L, d_k)
         kv_for_groups(cache.values),  # (..., g, 1, L, d_v)
         mask=causal_mask(T, L),  # bottom-right: chunk position t is cache position L - T + t
+        scale=layer.scale,  # None: 1/sqrt(d_k), as forward
     )
     heads, weights = ungroup_heads(heads), ungroup_heads(weights)  # (..., h, T, d_v | L)
     return project(merge_heads(heads), layer.W_o, layer.b_o, dtype), weights

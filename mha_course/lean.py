@@ -34,6 +34,7 @@ import math
 
 import numpy as np
 
+from ._validate import refuse_layer_scale
 from .heads import group_heads, kv_for_groups, merge_heads, project, split_heads, ungroup_heads
 from .positions import apply_rope
 from .softmax import softmax_inplace
@@ -76,6 +77,7 @@ def lean_forward(layer, x, context=None, mask=None):
     >>> bool(np.allclose(out, layer(x, mask=causal_mask(5))[0]))
     True
     """
+    refuse_layer_scale("lean_forward", layer)
     x, kv_input, m = layer.validate_inputs(x, context, mask)  # m: (..., 1, 1, T, S) or None
     dtype = np.result_type(x, kv_input)
     h, g, d_k, d_v = layer.h, layer.n_kv_heads, layer.d_k, layer.d_v

@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import MultiHeadAttention, causal_mask, rms_norm, swiglu
-from .._validate import fail, validate_positive_int
+from .._validate import fail, refuse_layer_scale, validate_positive_int
 from ..block import swiglu_backward
 from .collectives import Meta, is_meta
 
@@ -100,6 +100,7 @@ class TensorParallelAttention:
         if not isinstance(layer, MultiHeadAttention):
             raise fail("TensorParallelAttention", f"layer is a {type(layer).__name__}; "
                                                   "expected a MultiHeadAttention")
+        refuse_layer_scale("TensorParallelAttention", layer)
         self.layer, self.p = layer, validate_positive_int("TensorParallelAttention", "p", p)
         h, g = layer.h, layer.n_kv_heads
         g_local, replicated = kv_heads_per_device(h, g, self.p)

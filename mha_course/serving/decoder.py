@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._validate import fail, validate_positive_int
+from .._validate import fail, refuse_layer_scale, validate_positive_int
 from ..attention import causal_mask, scaled_dot_product_attention
 from ..block import rms_norm, swiglu
 from ..heads import group_heads, kv_for_groups, merge_heads, split_heads, ungroup_heads
@@ -71,7 +71,7 @@ class DecoderLayer:
 
     def __init__(self, attn: MultiHeadAttention, norm_attn, norm_mlp, W_gate, W_up, W_down,
                  eps: float = 1e-5):
-        self.attn, self.eps = attn, float(eps)
+        self.attn, self.eps = refuse_layer_scale("DecoderLayer", attn, "attn"), float(eps)
         self.norm_attn, self.norm_mlp = np.asarray(norm_attn), np.asarray(norm_mlp)
         self.W_gate, self.W_up, self.W_down = (np.asarray(W) for W in (W_gate, W_up, W_down))
 

@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from .._validate import fail, validate_positive_int
+from .._validate import fail, refuse_layer_scale, validate_positive_int
 from ..heads import group_heads, kv_for_groups, merge_heads, project, split_heads, ungroup_heads
 from ..tiled import tiled_attention
 from .decoder import rotate
@@ -88,6 +88,7 @@ def split_kv_decode_step(layer, x_t, cache, n_splits: int):
     to the :class:`~mha_course.KVCache` (as ``decode_step`` does), then attends over the cache
     in ``n_splits`` chunks and combines them. x_t (..., 1, d_model) -> out_t (..., 1, d_model).
     """
+    refuse_layer_scale("split_kv_decode_step", layer)
     pos, dtype = cache.tokens_seen, x_t.dtype
     q = rotate(layer, split_heads(project(x_t, layer.W_q, layer.b_q, dtype), layer.h),
                pos)  # (..., h, 1, d_k)
