@@ -146,6 +146,14 @@ def test_a_graded_cells_own_extra_lines_cost_a_note_and_broken_lines_cost_the_ex
     verdict, _ = exercise_verdict("03.1", [(ok(1), ANSWER), (ok(2, PASSED), CHECK),
                                            (demo, DEMO)], 10)
     assert verdict.status == "passed" and "remove the leftover print()" in verdict.notes[0]
+    # ... even a demo cell where the solution printed nothing
+    silent = differs(3, "debug\n", "")
+    verdict, _ = exercise_verdict("03.1", [(ok(1), ANSWER), (ok(2, PASSED), CHECK),
+                                           (silent, DEMO)], 10)
+    assert verdict.status == "passed" and "(the first: 'debug')" in verdict.notes[0]
+    # but a check cell must show the check's own line
+    assert exercise_verdict("03.1", [(ok(1), ANSWER), (differs(2, "debug\n", ""), CHECK)],
+                            10)[0].status == "failed"
     failing = {**differs(2, "wrong\n", PASSED)}
     verdict, _ = exercise_verdict("03.1", [(ok(1), ANSWER), (failing, CHECK), (demo, DEMO)], 10)
     assert verdict.status == "failed"

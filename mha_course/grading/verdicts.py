@@ -214,10 +214,11 @@ def extra_output(record: dict, role: CellRole) -> str | None:
     Every line the solution printed is there, in order, and the cell raised nothing: the other
     lines came from a print() the learner left in their function. :func:`exercise_verdict`
     accepts this only where it proves nothing false: in a check cell (the check prints its line
-    only after every comparison passed), or in another cell of an exercise whose check passed.
+    only after every comparison passed, so a check cell must show that line), or in another
+    cell of an exercise whose check passed (even one where the solution printed nothing).
     """
     extra = extra_lines(record)
-    if extra is None or not record.get("expected", "").strip():
+    if extra is None or (role.role == "check" and not record.get("expected", "").strip()):
         return None
     sample = cap_line(extra[0], 60) if extra else ""
     return (f"your code printed {len(extra)} more line{'s' if len(extra) != 1 else ''} in "
