@@ -23,7 +23,7 @@ from pathlib import Path
 
 from .assignment import Assignment, number
 from .report import RANK
-from .verdicts import STATUS_SHORT, NotebookResult, Verdict
+from .verdicts import BACKGROUND_NOTE, STATUS_SHORT, NotebookResult, Verdict
 
 
 @dataclass
@@ -67,7 +67,10 @@ def grade_row(student: str, student_id: str, results, assignment: Assignment,
             why = why or reason
             row.notes.append(f"{Path(path).name} could not be graded")
             continue
-        row.notes += [f"{Path(path).name}: {n}" if len(results) > 1 else n for n in result.notes]
+        # background output is reported to the learner, not in the row: whether any arrived
+        # depends on timing, and the same submission must give the same row every time
+        row.notes += [f"{Path(path).name}: {n}" if len(results) > 1 else n
+                      for n in result.notes if n != BACKGROUND_NOTE]
         for v in result.verdicts:
             found.setdefault(v.exercise, []).append((Path(path).name, v))
     if not results:

@@ -184,6 +184,8 @@ class Session:
         self.current = ""  # the learner's function running now, for the timeout's message
         self.open = False
         self.conn = None  # the Unix socket to the kernel (None: the stdin channel)
+        #: Whether background output (a thread's, a subprocess's) arrived during the cell.
+        self.background = False
 
     # ---------------------------------------------------------------- values from the kernel
 
@@ -432,7 +434,11 @@ class Session:
                 gen.bit_generator.state = self.decode(state)
 
     def finish(self) -> str:
-        """End the conversation; return what the learner's code printed during it."""
+        """End the conversation; return what the learner's code printed during it.
+
+        Only the cell's own stream output counts (see :func:`cell_output`); :attr:`background`
+        says whether background output (another parent's) arrived meanwhile.
+        """
         if self.msg_id is None:
             return ""
         if self.open:
@@ -442,18 +448,57 @@ class Session:
             with contextlib.suppress(OSError):
                 self.conn.close()
             self.conn = None
-        printed = []
+        messages = []
         end = time.monotonic() + INTERRUPT_GRACE
         while time.monotonic() < end and self.kernel.is_alive():
             try:
                 msg = self.kc.get_iopub_msg(timeout=max(0.05, end - time.monotonic()))
             except Exception:
                 break
-            if msg["parent_header"].get("msg_id") != self.msg_id:
-                continue
-            if msg["msg_type"] == "stream":
-                printed.append(msg["content"].get("text", ""))
-            elif msg["msg_type"] == "status" and msg["content"].get("execution_state") == "idle":
+            messages.append(msg)
+            if (msg["parent_header"].get("msg_id") == self.msg_id and msg["msg_type"] == "status"
+                    and msg["content"].get("execution_state") == "idle"):
                 break
         self.open = False
-        return "".join(printed)
+        printed, background = cell_output(messages, self.msg_id)
+        self.background = self.background or background
+        return printed
+
+
+#: The parent ``msg_id`` of output the kernel could not attribute to the running cell
+#: (:data:`mha_course.grading.kernel.BACKGROUND`; repeated here so the grader's side does not
+#: import the kernel's module).
+BACKGROUND_ID = "mha-course-background"
+
+
+def cell_output(messages, msg_id: str) -> tuple[str, bool]:
+    """What the cell whose execute request is ``msg_id`` printed, from iopub ``messages`` in the
+    order they arrived; and whether background output was among them.
+
+    The rule (the same nbval applies to a cell, with the kernel's attribution of
+    :mod:`mha_course.grading.kernel`): the cell's stream text, with its parent header, up to its
+    ``idle`` status. Output with another parent (an earlier cell's late output, or
+    :data:`BACKGROUND_ID`: a thread's, a subprocess's) and anything after ``idle`` is not the
+    cell's, whatever its timing.
+
+    >>> def msg(parent, kind, **content):
+    ...     return {"parent_header": {"msg_id": parent}, "msg_type": kind, "content": content}
+    >>> cell_output([msg("c", "stream", name="stdout", text="ok\\n"),
+    ...              msg(BACKGROUND_ID, "stream", name="stderr", text="."),
+    ...              msg("c", "status", execution_state="idle"),
+    ...              msg("c", "stream", name="stdout", text="late")], "c")
+    ('ok\\n', True)
+    """
+    printed, background = [], False
+    for msg in messages:
+        parent = (msg.get("parent_header") or {}).get("msg_id")
+        kind, content = msg.get("msg_type"), msg.get("content") or {}
+        if parent == BACKGROUND_ID:
+            background = True
+        if parent != msg_id:
+            continue
+        if kind == "status" and content.get("execution_state") == "idle":
+            break
+        if kind == "stream":
+            printed.append(content.get("text", ""))
+    return "".join(printed), background

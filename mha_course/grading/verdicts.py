@@ -16,6 +16,18 @@ message then ends with it. Cells have roles
 (:class:`~mha_course.grading.notebooks.CellRole`): ``setup``, ``solution`` (the learner's
 answer), ``check``, ``own`` (the learner's own cell, run before the answer) and the reference's
 other cells.
+
+Whose output is compared (the rule, enforced where it can be certain: in the kernel, see
+:mod:`mha_course.grading.kernel`): a cell's output is what its own code printed, synchronously,
+in the thread that runs it. Anything else (a thread or a subprocess the notebook left running, a
+carriage-return progress bar drawn by a thread, output of an earlier cell arriving late) is
+background output: sent under a parent no cell has, so it is never compared, never fails a
+setup cell, an ungraded cell or another exercise, and never decides a grade; a record may say
+it arrived (``"background": True``) and the run then carries :data:`BACKGROUND_NOTE`. A graded
+cell's own extra output costs no points when every line the solution printed is there, in
+order, and nothing false can hide behind it (:func:`extra_output`): a note names the cell and
+the first extra line. Output that changes or breaks up the solution's lines fails the cell. A
+setup cell that printed only extra lines does not stop the check (a note says so).
 """
 
 from __future__ import annotations
@@ -91,6 +103,8 @@ class RunVerdicts:
     lost_at: str | None = None
     #: Set when a cell outside the exercises (a setup cell) failed: nothing could be checked.
     error: str = ""
+    #: Notes about the whole run (background output ignored, a setup cell's extra lines).
+    notes: list[str] = field(default_factory=list)
 
 
 def cap_line(line: str, limit: int = LINE_CAP) -> str:
@@ -200,23 +214,70 @@ def extra_output(record: dict, role: CellRole) -> str | None:
     Every line the solution printed is there, in order, and the cell raised nothing: the other
     lines came from a print() the learner left in their function. :func:`exercise_verdict`
     accepts this only where it proves nothing false: in a check cell (the check prints its line
-    only after every comparison passed), or in another cell of an exercise whose check passed.
+    only after every comparison passed, so a check cell must show that line), or in another
+    cell of an exercise whose check passed (even one where the solution printed nothing).
     """
-    if record.get("error") or "Cell outputs differ" not in record.get("message", ""):
-        return None
-    expected = [ln for ln in record.get("expected", "").split("\n") if ln.strip()]
-    got = record.get("got", "").split("\n")
-    position, extra = 0, []
-    for line in got:
-        if position < len(expected) and line == expected[position]:
-            position += 1
-        elif line.strip():
-            extra.append(line)
-    if not expected or position < len(expected):
+    extra = extra_lines(record)
+    if extra is None or (role.role == "check" and not record.get("expected", "").strip()):
         return None
     sample = cap_line(extra[0], 60) if extra else ""
     return (f"your code printed {len(extra)} more line{'s' if len(extra) != 1 else ''} in "
             f"{role.label} (the first: {sample!r}); remove the leftover print()")
+
+
+#: The note of a run during which background output arrived. Whether any arrived depends on
+#: timing (a thread that writes once, late), so the gradebook leaves it out
+#: (:func:`mha_course.grading.gradebook.grade_row`): the learner's report shows it.
+BACKGROUND_NOTE = ("background output from your notebook (a thread, a subprocess or a progress "
+                   "bar still writing after its cell) was ignored: only what a cell's own code "
+                   "printed is compared")
+
+
+def extra_lines(record: dict) -> list[str] | None:
+    """The lines a cell printed besides the solution's, when every line the solution printed is
+    there in order and the cell raised nothing; else None (the output really differs).
+
+    >>> extra_lines({"ok": False, "message": "Cell outputs differ", "expected": "a\\nb\\n",
+    ...              "got": "a\\nx\\nb\\n"})
+    ['x']
+    >>> extra_lines({"ok": False, "message": "Cell outputs differ", "expected": "a\\n",
+    ...              "got": "a.\\n"}) is None
+    True
+    """
+    if record.get("error") or "Cell outputs differ" not in record.get("message", ""):
+        return None
+    expected = [ln for ln in record.get("expected", "").split("\n") if ln.strip()]
+    position, extra = 0, []
+    for line in record.get("got", "").split("\n"):
+        if position < len(expected) and line == expected[position]:
+            position += 1
+        elif line.strip():
+            extra.append(line)
+    return extra if position == len(expected) else None
+
+
+def background_note(records) -> str | None:
+    """:data:`BACKGROUND_NOTE` if any record says background output arrived, else None."""
+    return BACKGROUND_NOTE if any((r or {}).get("background") for r in records) else None
+
+
+def setup_extra_note(record: dict, role: CellRole) -> str | None:
+    """The note for a cell outside the exercises that printed only extra lines, else None.
+
+    Such a cell runs only the solution's code: what it printed besides the solution's output
+    came from the notebook's own code (a patched function, a hook) and proves nothing about
+    any exercise, so the check goes on.
+
+    >>> role = CellRole(None, "setup", "the setup cell")
+    >>> setup_extra_note({"ok": False, "message": "Cell outputs differ", "expected": "",
+    ...                   "got": "hi\\n"}, role)
+    "the setup cell printed 1 line the solution's does not (the first: 'hi'); ignored"
+    """
+    extra = extra_lines(record)
+    if not extra:
+        return None
+    return (f"{role.label} printed {len(extra)} line{'s' if len(extra) != 1 else ''} the "
+            f"solution's does not (the first: {cap_line(extra[0], 60)!r}); ignored")
 
 
 def exercise_verdict(exercise: str, cells, timeout: float) -> tuple[Verdict, bool]:
@@ -331,10 +392,14 @@ def judge_run(order, roles, records, timeout: float, backstop: bool = False,
                 return RunVerdicts({}, error=f"the kernel died in {roles[lost].label}, so "
                                    "nothing could be checked")
     cells_of: dict[str, list] = {x: [] for x in order}
+    notes = [note] if (note := background_note(records.values())) else []
     for index, role in enumerate(roles):
         record = records.get(index)
         if role.exercise is None:
             if record is not None and not record["ok"] and index != lost:
+                if (note := setup_extra_note(record, role)) is not None:
+                    notes.append(note)
+                    continue
                 return RunVerdicts({}, error=f"{role.label} failed, so nothing could be checked: "
                                    + failure_message("", record, role).split("\n")[0])
             continue
@@ -355,4 +420,4 @@ def judge_run(order, roles, records, timeout: float, backstop: bool = False,
         if backstop and verdict.status == "not checked":
             verdicts[exercise] = Verdict(exercise, "timed out",
                                          "TIMED OUT: the whole check ran too long")
-    return RunVerdicts(verdicts, culprit if culprit in verdicts else None)
+    return RunVerdicts(verdicts, culprit if culprit in verdicts else None, notes=notes)
