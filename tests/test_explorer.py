@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import io
+import pathlib
 
 import matplotlib.pyplot as plt
+import nbformat
 import numpy as np
 import pytest
 from PIL import Image
@@ -28,6 +30,7 @@ from mha_course.widgets.explorer import (
 from mha_course.widgets.plotting import TOKENS, figure_png
 
 T = len(TOKENS)
+LESSON_04 = pathlib.Path(__file__).resolve().parents[1] / "notebooks/04_multi_head_attention.ipynb"
 
 
 def _heatmaps(fig):
@@ -309,7 +312,7 @@ def test_explorer_redraws_leave_no_pyplot_figures_open():
     assert plt.get_fignums() == before
 
 
-# ----------------------------------------------------------- newcomer trial item 8 (2 Dec 2026)
+# ----------------------------------------------------- newcomer trial items 7 and 8 (2 Dec 2026)
 def test_the_autoscale_label_is_no_longer_than_the_hold_label_and_its_tooltip_explains_it():
     # The long label "autoscale colours (0 to the largest weight)" was cut off in the 250-pixel
     # column; the hold label beside it fits (tests/browser/test_lab.py measures both in Chromium).
@@ -361,3 +364,17 @@ def test_the_note_takes_its_height_from_the_panel_so_the_column_keeps_its_height
     assert controls.layout.height == image.layout.height
     assert sum(px) == int(image.layout.height.removesuffix("px")) - 140
 
+
+def test_lesson_04s_explorer_cell_shows_the_default_setting():
+    # Newcomer item 7: these checks were in the lesson's cell, reaching into the widget; the cell
+    # now only shows it, and this test runs that cell's code.
+    cells = [c for c in nbformat.read(LESSON_04, as_version=4).cells
+             if c.cell_type == "code" and "nbval-ignore-output" in c.metadata.get("tags", [])
+             and "explorer(" in c.source]
+    assert [c.source.strip() for c in cells] == ["explorer()"]
+    box = eval(cells[0].source, {"explorer": explorer})
+    sliders, hold, panel, image = _widgets(box)
+    assert hold.value and (sliders["h"].value, sliders["d_k"].value) == (4, 12)
+    assert "heads drawn: 4" in panel.value and "(colour 0–1.0)" in panel.value
+    assert image.value[:4] == b"\x89PNG"
+    assert _png_size(image) == (round(FIGSIZE[0] * WIDGET_DPI), round(FIGSIZE[1] * WIDGET_DPI))
