@@ -90,7 +90,7 @@ def test_the_stepper_starts_as_its_summary_line_says(app, lines):
 
 def test_the_explorer_starts_as_its_summary_line_says(app, lines):
     box = page(app, "explorer").children[1]
-    h_slider, d_k_slider, hold, autoscale, panel = box.children[0].children
+    h_slider, d_k_slider, _note, hold, autoscale, panel = box.children[0].children
     assert h_slider.value == START["explorer"]["h"] and hold.value and not autoscale.value
     assert d_k_slider.value == START["explorer"]["d_model"] // START["explorer"]["h"]
     first, heads, params, flops = lines["explorer"].split(": ", 1)[1].split(" | ")[:4]

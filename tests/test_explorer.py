@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import io
+import pathlib
 
 import matplotlib.pyplot as plt
+import nbformat
 import numpy as np
 import pytest
 from PIL import Image
@@ -12,9 +14,12 @@ from PIL import Image
 import mha_course
 from mha_course.widgets.explorer import (
     AUTOSCALE_LABEL,
+    AUTOSCALE_TOOLTIP,
     FIGSIZE,
+    HOLD_LABEL,
     WIDGET_DPI,
     colour_top,
+    d_k_note,
     draw_explorer,
     explorer,
     explorer_layer,
@@ -25,6 +30,7 @@ from mha_course.widgets.explorer import (
 from mha_course.widgets.plotting import TOKENS, figure_png
 
 T = len(TOKENS)
+LESSON_04 = pathlib.Path(__file__).resolve().parents[1] / "notebooks/04_multi_head_attention.ipynb"
 
 
 def _heatmaps(fig):
@@ -216,9 +222,9 @@ def test_redrawing_into_a_figure_reuses_its_axes_and_hides_the_spares():
 # ----------------------------------------------------------------------------- the widget
 def _widgets(box):
     controls, image = box.children
-    h, d_k, hold, autoscale, panel = controls.children
+    h, d_k, note, hold, autoscale, panel = controls.children
     assert autoscale.description == AUTOSCALE_LABEL
-    return {"h": h, "d_k": d_k, "autoscale": autoscale}, hold, panel, image
+    return {"h": h, "d_k": d_k, "autoscale": autoscale, "note": note}, hold, panel, image
 
 
 def _png_size(image):
@@ -232,7 +238,7 @@ def test_explorer_widgets_match_the_documented_interface():
     assert (sliders["h"].min, sliders["h"].max) == (1, 16)
     assert (sliders["d_k"].min, sliders["d_k"].max) == (1, 64)
     assert not sliders["h"].continuous_update and not sliders["d_k"].continuous_update
-    assert hold.description == "hold d_model (d_k = d_model / h)"
+    assert hold.description == HOLD_LABEL == "hold d_model (d_k = d_model / h)"
     assert hold.value and sliders["d_k"].disabled
     assert "heads drawn: 4" in panel.value and "9,216" in panel.value
     assert _png_size(image) == (round(FIGSIZE[0] * WIDGET_DPI), round(FIGSIZE[1] * WIDGET_DPI))
@@ -304,3 +310,71 @@ def test_explorer_redraws_leave_no_pyplot_figures_open():
     for h in (16, 2, 8):
         sliders["h"].value = h
     assert plt.get_fignums() == before
+
+
+# ----------------------------------------------------- newcomer trial items 7 and 8 (2 Dec 2026)
+def test_the_autoscale_label_is_no_longer_than_the_hold_label_and_its_tooltip_explains_it():
+    # The long label "autoscale colours (0 to the largest weight)" was cut off in the 250-pixel
+    # column; the hold label beside it fits (tests/browser/test_lab.py measures both in Chromium).
+    box = explorer()
+    sliders, hold, _, _ = _widgets(box)
+    assert len(AUTOSCALE_LABEL) <= len(hold.description)
+    assert sliders["autoscale"].tooltip == AUTOSCALE_TOOLTIP
+    assert "0 to the largest weight" in AUTOSCALE_TOOLTIP
+    assert "instead of 0 to 1" in AUTOSCALE_TOOLTIP
+
+
+@pytest.mark.parametrize(("d_model", "h", "d_k", "hold", "expected"), [
+    (48, 4, 12, True, "d_k = d_model / h = 48 / 4 = 12 while 'hold d_model' is ticked"),
+    (48, 16, 3, True, "d_k = d_model / h = 48 / 16 = 3 while 'hold d_model' is ticked"),
+    (48, 5, 9, True, "48 / 5 is not a whole number: no d_k while 'hold d_model' is ticked"),
+    (48, 5, 7, False, "d_k set freely: h·d_k = 5·7 = 35 (d_model = 48)"),
+])
+def test_d_k_note_says_why_the_slider_is_greyed_or_what_a_free_d_k_gives(d_model, h, d_k, hold,
+                                                                          expected):
+    note = d_k_note(d_model, h, d_k, hold)
+    assert note.startswith(expected)
+    assert ("untick it to set d_k" in note) is hold
+    assert len(note) <= 90  # two lines of the controls column at 11 px
+
+
+def test_the_greyed_d_k_slider_has_a_visible_line_and_a_tooltip_that_say_why():
+    box = explorer()
+    sliders, hold, _, _ = _widgets(box)
+    assert sliders["d_k"].disabled
+    assert d_k_note(48, 4, 12, True) in sliders["note"].value  # shown under the slider
+    assert sliders["d_k"].tooltip == d_k_note(48, 4, 12, True)
+    sliders["h"].value = 6  # the line follows h
+    assert "48 / 6 = 8 while 'hold d_model' is ticked" in sliders["note"].value
+    hold.value = False
+    assert not sliders["d_k"].disabled and sliders["d_k"].tooltip is None
+    assert "d_k set freely: h·d_k = 6·8 = 48" in sliders["note"].value
+    sliders["d_k"].value = 10
+    assert "h·d_k = 6·10 = 60" in sliders["note"].value
+    hold.value = True
+    assert "48 / 6 = 8 while 'hold d_model' is ticked" in sliders["note"].value
+
+
+def test_the_note_takes_its_height_from_the_panel_so_the_column_keeps_its_height():
+    box = explorer()
+    controls = box.children[0]
+    _, _, panel, image = _widgets(box)
+    note = controls.children[2]
+    px = [int(w.layout.height.removesuffix("px")) for w in (note, panel)]
+    assert controls.layout.height == image.layout.height
+    assert sum(px) == int(image.layout.height.removesuffix("px")) - 140
+
+
+def test_lesson_04s_explorer_cell_shows_the_default_setting():
+    # Newcomer item 7: these checks were in the lesson's cell, reaching into the widget; the cell
+    # now only shows it, and this test runs that cell's code.
+    cells = [c for c in nbformat.read(LESSON_04, as_version=4).cells
+             if c.cell_type == "code" and "nbval-ignore-output" in c.metadata.get("tags", [])
+             and "explorer(" in c.source]
+    assert [c.source.strip() for c in cells] == ["explorer()"]
+    box = eval(cells[0].source, {"explorer": explorer})
+    sliders, hold, panel, image = _widgets(box)
+    assert hold.value and (sliders["h"].value, sliders["d_k"].value) == (4, 12)
+    assert "heads drawn: 4" in panel.value and "(colour 0–1.0)" in panel.value
+    assert image.value[:4] == b"\x89PNG"
+    assert _png_size(image) == (round(FIGSIZE[0] * WIDGET_DPI), round(FIGSIZE[1] * WIDGET_DPI))

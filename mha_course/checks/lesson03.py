@@ -307,9 +307,9 @@ _SCALE_MISTAKES = [
                "variance 1 (and mean 0). Measure the spread of these dot products instead"),
     ("var", "you divided by the variance; c·(q·k) has variance c²·var(q·k), so c = 1/std"),
     ("inverse", "you returned the standard deviation itself; the scale is 1/std(q·k)"),
-    ("rms", "you used the mean square of the dot products, which counts their mean too; a "
-            "constant added to every score leaves the softmax unchanged (lesson 02), so only "
-            "the spread matters: use the variance (np.var subtracts the mean)"),
+    ("rms", "you used the mean square of the dot products, which counts their mean too; "
+            "variance 1 is measured around the mean: use the standard deviation (np.std "
+            "subtracts the mean)"),
     ("entries", "you measured single products q_j·k_j; the score is their SUM over the d_k "
                 "features: (q * k).sum(axis=-1)"),
     ("all_pairs", "you paired every query with every key (q @ k.T); pair row i of q with row "

@@ -25,8 +25,11 @@ holding ``d_model`` (``init="xavier"`` shows it).
 
 **The colour scale** runs from 0 to 1 by default, the same in every setting (and in every heatmap
 of lesson 03), so a peakier setting looks peakier; ``autoscale=True`` (the widget's "autoscale
-colours" box) stretches it to the largest weight rounded up to a tenth, to see the detail of flat
-heads.
+colours" box, whose tooltip says so) stretches it to the largest weight rounded up to a tenth, to
+see the detail of flat heads.
+
+**The d_k slider** is greyed out while "hold d_model" is ticked, since ``d_k = d_model / h`` then;
+the line under it (:func:`d_k_note`) says so, and what ``d_k`` is.
 
 The figures are :class:`matplotlib.figure.Figure` objects that pyplot does not track, so a
 redraw never leaves an open figure behind (memory stays flat while the sliders move).
@@ -57,9 +60,15 @@ FIGSIZE = (6.3, 4.7)
 CONTROLS_WIDTH = 260
 #: The initialisations :func:`draw_explorer` knows.
 INITS = ("fan_in", "xavier")
-#: The widget's checkbox that stretches the colour scale to the largest weight.
-AUTOSCALE_LABEL = "autoscale colours (0 to the largest weight)"
-
+#: The widget's checkbox that stretches the colour scale to the largest weight: a label short
+#: enough for the controls column (tests/browser checks it is not cut off), the rest in its tooltip.
+AUTOSCALE_LABEL = "autoscale colours"
+AUTOSCALE_TOOLTIP = ("Stretch the colour scale from 0 to the largest weight (rounded up to a "
+                     "tenth) instead of 0 to 1, to see the detail of flat heads")
+#: The checkbox that ties d_k to d_model / h.
+HOLD_LABEL = "hold d_model (d_k = d_model / h)"
+#: Height of the line under the d_k slider (:func:`d_k_note`, at most two lines), in pixels.
+NOTE_HEIGHT = 32
 
 
 def toy_embeddings(d_model: int, tokens=TOKENS) -> np.ndarray:
@@ -224,6 +233,38 @@ def draw_explorer(h, d_k, *, d_model=48, hold_d_model=True, seed=0, init="fan_in
     return fig, summary
 
 
+def d_k_note(d_model, h, d_k, hold) -> str:
+    """The line under the widget's d_k slider: why it is greyed out, or what a free d_k gives.
+
+    Parameters
+    ----------
+    d_model, h, d_k : int
+        The explorer's width, its h slider and its d_k slider.
+    hold : bool
+        Whether "hold d_model" is ticked (then the d_k slider is disabled).
+
+    Returns
+    -------
+    str
+        Plain text, short enough for two lines of the controls column.
+
+    Examples
+    --------
+    >>> d_k_note(48, 4, 12, hold=True)
+    "d_k = d_model / h = 48 / 4 = 12 while 'hold d_model' is ticked (untick it to set d_k)"
+    >>> d_k_note(48, 5, 9, hold=True)
+    "48 / 5 is not a whole number: no d_k while 'hold d_model' is ticked (untick it to set d_k)"
+    >>> d_k_note(48, 5, 7, hold=False)
+    'd_k set freely: h·d_k = 5·7 = 35 (d_model = 48)'
+    """
+    if not hold:
+        return f"d_k set freely: h·d_k = {h}·{d_k} = {h * d_k} (d_model = {d_model})"
+    held = "while 'hold d_model' is ticked (untick it to set d_k)"
+    if d_model % h:
+        return f"{d_model} / {h} is not a whole number: no d_k {held}"
+    return f"d_k = d_model / h = {d_model} / {h} = {d_model // h} {held}"
+
+
 def summary_items(summary) -> list[str]:
     """The summary as short items, none containing a space inside a number or a shape.
 
@@ -291,19 +332,21 @@ def _panel_html(summary) -> str:
 
 _BOX = "font-family: sans-serif; font-size: 13px; line-height: 1.3"
 _LINE = "white-space: nowrap"
+_NOTE = "font-family: sans-serif; font-size: 11px; line-height: 1.3; color: #555"
 
 
 def explorer(*, d_model=48, seed=0):
     """Sliders for ``h`` and ``d_k`` that redraw every head's weights on the example sentence.
 
     While "hold d_model" is ticked (the default), the ``d_k`` slider is disabled and
-    follows ``d_model // h``; an ``h`` that does not divide ``d_model`` shows the package's error
-    message in the picture's place, at the same size. Untick it to set ``d_k`` freely (then
+    follows ``d_model // h``, and the line under it says so (:func:`d_k_note`); an ``h`` that does
+    not divide ``d_model`` shows the package's error message in the picture's place, at the same
+    size. Untick it to set ``d_k`` freely (then
     parameters and FLOPs change with ``h·d_k``). The sliders use ``continuous_update=False``:
     dragging redraws once, on release. The layer uses the fan-in initialisation
     (:func:`explorer_layer`), so raising ``d_k`` does not wash the heads out. The colours run
     from 0 to 1 in every setting, so settings compare; tick "autoscale colours" to stretch them
-    to the largest weight instead.
+    to the largest weight instead (its tooltip says so).
 
     Parameters
     ----------
@@ -315,9 +358,10 @@ def explorer(*, d_model=48, seed=0):
     -------
     ipywidgets.HBox
         Children: a ``VBox`` of fixed width (:data:`CONTROLS_WIDTH`) with the ``h`` and ``d_k``
-        sliders, the "hold d_model" and "autoscale colours" checkboxes and an ``HTML`` panel with
-        the parameters, FLOPs and weights in large type; and an ``Image`` of fixed size
-        (:data:`FIGSIZE` at :data:`WIDGET_DPI`) with the heads.
+        sliders, an ``HTML`` line under ``d_k`` (:func:`d_k_note`), the "hold d_model" and
+        "autoscale colours" checkboxes and an ``HTML`` panel with the parameters, FLOPs and
+        weights in large type; and an ``Image`` of fixed size (:data:`FIGSIZE` at
+        :data:`WIDGET_DPI`) with the heads.
 
     Examples
     --------
@@ -325,7 +369,7 @@ def explorer(*, d_model=48, seed=0):
     >>> [type(w).__name__ for w in box.children]
     ['VBox', 'Image']
     >>> [type(w).__name__ for w in box.children[0].children]
-    ['IntSlider', 'IntSlider', 'Checkbox', 'Checkbox', 'HTML']
+    ['IntSlider', 'IntSlider', 'HTML', 'Checkbox', 'Checkbox', 'HTML']
     """
     import ipywidgets as widgets
 
@@ -337,13 +381,15 @@ def explorer(*, d_model=48, seed=0):
     d_k_slider = widgets.IntSlider(value=max(1, min(64, d_model // h0)), min=1, max=64,
                                    description="d_k", continuous_update=False, readout=True,
                                    disabled=True, layout=slider_layout)
-    hold = widgets.Checkbox(value=True, description="hold d_model (d_k = d_model / h)",
-                            indent=False, layout=slider_layout)
-    autoscale = widgets.Checkbox(value=False, description=AUTOSCALE_LABEL, indent=False,
-                                 layout=slider_layout)
+    note = widgets.HTML(layout=widgets.Layout(width=f"{CONTROLS_WIDTH - 10}px",
+                                              height=f"{NOTE_HEIGHT}px", overflow="hidden"))
+    hold = widgets.Checkbox(value=True, description=HOLD_LABEL, indent=False, layout=slider_layout)
+    autoscale = widgets.Checkbox(value=False, description=AUTOSCALE_LABEL,
+                                 tooltip=AUTOSCALE_TOOLTIP, indent=False, layout=slider_layout)
     width, height = (round(s * WIDGET_DPI) for s in FIGSIZE)
     panel = widgets.HTML(layout=widgets.Layout(width=f"{CONTROLS_WIDTH - 10}px",
-                                               height=f"{height - 140}px", overflow="hidden"))
+                                               height=f"{height - 140 - NOTE_HEIGHT}px",
+                                               overflow="hidden"))
     image = widgets.Image(format="png", width=width, height=height,
                           layout=widgets.Layout(width=f"{width}px", height=f"{height}px",
                                                 min_width=f"{width}px"))
@@ -356,6 +402,9 @@ def explorer(*, d_model=48, seed=0):
                                      hold_d_model=hold.value, seed=seed,
                                      autoscale=autoscale.value, fig=heads_fig)
         image.value = figure_png(fig, dpi=WIDGET_DPI)
+        text = d_k_note(d_model, h_slider.value, d_k_slider.value, hold.value)
+        note.value = f"<div style='{_NOTE}'>{html.escape(text, quote=False)}</div>"
+        d_k_slider.tooltip = text if hold.value else None
         panel.value = _panel_html(summary)  # last: once the numbers change, so has the picture
 
     def on_h(change):
@@ -378,7 +427,7 @@ def explorer(*, d_model=48, seed=0):
     hold.observe(on_hold, names="value")
     autoscale.observe(redraw, names="value")
     redraw()
-    controls = widgets.VBox([h_slider, d_k_slider, hold, autoscale, panel],
+    controls = widgets.VBox([h_slider, d_k_slider, note, hold, autoscale, panel],
                             layout=widgets.Layout(width=f"{CONTROLS_WIDTH}px",
                                                   min_width=f"{CONTROLS_WIDTH}px",
                                                   height=f"{height}px"))

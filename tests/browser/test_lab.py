@@ -135,7 +135,7 @@ def test_explorer_redraws_when_h_and_d_k_move_by_keyboard(run_lesson, tmp_path):
     since = len(run.tab.blocked)
     explorer = _explorer(page, run)
     expect(explorer).to_be_visible(timeout=TIMEOUT_MS)
-    panel = explorer.locator(".widget-html")
+    panel = explorer.locator(".widget-html").filter(has_text="heads drawn:")
     expect(panel).to_contain_text("heads drawn:", timeout=TIMEOUT_MS)
     h_handle = _slider(explorer, "h").locator(".noUi-handle")
     d_k_handle = _slider(explorer, "d_k").locator(".noUi-handle")
@@ -222,6 +222,20 @@ def test_explorer_redraws_when_h_and_d_k_move_by_keyboard(run_lesson, tmp_path):
     _assert_no_blocked(run, since)
 
 
+# Whether a checkbox's label shows its whole text: the text as laid out (a Range measures the
+# glyphs an ellipsis hides too) must end inside the label and the widget, and not overflow it.
+_LABEL_FIT = """(el) => {
+  const label = el.querySelector('.widget-label-basic');
+  const range = document.createRange();
+  range.selectNodeContents(label.querySelector('span'));
+  const text = range.getBoundingClientRect();
+  const room = Math.min(label.getBoundingClientRect().right, el.getBoundingClientRect().right);
+  return {text_right: Math.round(text.right), room_right: Math.round(room),
+          scroll: label.scrollWidth, client: label.clientWidth,
+          fits: text.right <= room + 1 && label.scrollWidth <= label.clientWidth + 1};
+}"""
+
+
 def test_explorer_fits_a_1366_by_768_screen_with_its_controls_in_view(run_lesson, tmp_path):
     from playwright.sync_api import expect
 
@@ -239,17 +253,22 @@ def test_explorer_fits_a_1366_by_768_screen_with_its_controls_in_view(run_lesson
         page.wait_for_timeout(500)
         explorer = _explorer(page, run)
         expect(explorer).to_be_visible(timeout=TIMEOUT_MS)
-        # Scroll the notebook so the explorer's top meets the top of the notebook's view.
-        view = explorer.evaluate(
-            """(el) => {
-              const outer = el.closest('.jp-WindowedPanel-outer')
-                || el.closest('.jp-Notebook');
-              outer.scrollTop += el.getBoundingClientRect().top
-                - outer.getBoundingClientRect().top - 4;
-              const r = outer.getBoundingClientRect();
-              return {x: r.x, y: r.y, width: r.width, height: r.height};
-            }""")
-        page.wait_for_timeout(300)
+        # Scroll the notebook so the explorer's top meets the top of the notebook's view. The
+        # windowed notebook may re-measure the cells around it and move it after the scroll (seen:
+        # 75 px lower after 300 ms), so scroll again until it stays.
+        for _ in range(10):
+            view = explorer.evaluate(
+                """(el) => {
+                  const outer = el.closest('.jp-WindowedPanel-outer')
+                    || el.closest('.jp-Notebook');
+                  outer.scrollTop += el.getBoundingClientRect().top
+                    - outer.getBoundingClientRect().top - 4;
+                  const r = outer.getBoundingClientRect();
+                  return {x: r.x, y: r.y, width: r.width, height: r.height};
+                }""")
+            page.wait_for_timeout(300)
+            if abs(explorer.bounding_box()["y"] - view["y"] - 4) <= 2:
+                break
         box = explorer.bounding_box()
         shot = tmp_path / "explorer_on_a_1366x768_screen.png"
         page.screenshot(path=shot)
@@ -259,10 +278,25 @@ def test_explorer_fits_a_1366_by_768_screen_with_its_controls_in_view(run_lesson
                   and box["x"] + box["width"] <= view["x"] + view["width"] + 1
                   and box["y"] + box["height"] <= view["y"] + view["height"] + 1)
         assert inside, f"the explorer {box} does not fit in the notebook's view {view}"
-        for part in (_slider(explorer, "h"), _slider(explorer, "d_k"),
+        # the line under d_k: why it is greyed out, or (the test above unticks the box) what d_k is
+        note = explorer.locator(".widget-html").filter(
+            has_text=re.compile(r"while 'hold d_model' is ticked|d_k set freely"))
+        for part in (_slider(explorer, "h"), _slider(explorer, "d_k"), note,
                      explorer.locator(".widget-checkbox").filter(has_text="autoscale"),
-                     explorer.locator(".widget-html"), explorer.locator(".widget-image")):
+                     explorer.locator(".widget-html").filter(has_text="heads drawn:"),
+                     explorer.locator(".widget-image")):
             expect(part).to_be_in_viewport(ratio=1.0)
+        # Newcomer trial item 8: no checkbox label cut off ("autoscale colours (0 to the
+        # large…" was), and the line that says why d_k is greyed out shows whole.
+        for label in ("hold d_model", "autoscale"):
+            fit = explorer.locator(".widget-checkbox").filter(has_text=label).evaluate(_LABEL_FIT)
+            assert fit["fits"], f"the {label!r} checkbox's label is cut off: {fit}"
+        held = explorer.locator(".widget-checkbox").filter(has_text="hold d_model").locator(
+            "input[type=checkbox]").is_checked()
+        expect(note).to_contain_text("while 'hold d_model' is ticked" if held else "set freely",
+                                     timeout=TIMEOUT_MS)
+        assert note.evaluate("el => el.scrollHeight <= el.clientHeight + 1"), \
+            "the line under the d_k slider is cut off"
     finally:
         page.set_viewport_size(size)
         run_lesson.release(lesson)
