@@ -292,3 +292,5 @@ def test_a_correct_notebook_with_background_output_gets_full_marks_and_the_same_
         name: (str(points), str(points)) for name in NOISE}, rows
     assert all(row["notes"] == "" for row in rows.values()), rows
     assert results[1] == results[0] and results[2] == results[0]
+    assert "background output from your notebook" in out, \
+        "the report tells the learner their background output was ignored"

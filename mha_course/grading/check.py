@@ -207,7 +207,7 @@ class Checker:
         for exercise, notes in merged.notes.items():
             verdict = verdicts[exercise]
             verdicts[exercise] = dataclasses.replace(verdict, notes=notes + verdict.notes)
-        notes = []
+        notes = list(run.notes)
         if merged.ignored:
             notes.append(f"your notebook also answers {' '.join(merged.ignored)}, which "
                          f"{'is' if len(merged.ignored) == 1 else 'are'} not part of this "

@@ -165,6 +165,7 @@ def graded_runtest(item) -> None:
         error = exc
     finally:
         kernel_printed = session.finish() if kernel.is_alive() else ""
+        item.mha_background = session.background
     if not kernel.is_alive() and lost is None:
         raise RuntimeError(KERNEL_DIED)
     text = printed + kernel_printed

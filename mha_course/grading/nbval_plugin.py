@@ -34,6 +34,7 @@ from queue import Empty
 import pytest
 
 from .limits import Limits, cgroup_events, limit_message, memory_words, process_words
+from .session import BACKGROUND_ID
 from .verdicts import KERNEL_DIED, cap_line
 
 try:
@@ -92,6 +93,7 @@ def pytest_configure(config) -> None:
     else:
         return
     watch_for_a_dead_kernel()
+    watch_for_background_output()
     spec = config.getoption("mha_kernel")
     if spec:
         with open(spec, encoding="utf-8") as f:
@@ -174,6 +176,33 @@ def watch_for_a_dead_kernel() -> None:
     RunningKernel.await_reply = await_reply
 
 
+#: Whether output sent under :data:`~mha_course.grading.session.BACKGROUND_ID` (a thread's, a
+#: subprocess's: see ``kernel.py``) arrived since the last cell's record was written.
+BACKGROUND_SEEN = False
+
+
+def watch_for_background_output() -> None:
+    """Patch nbval's ``RunningKernel.get_message`` to note background output as it passes.
+
+    nbval skips a message whose parent is not the running cell, so background output is never
+    compared; this only remembers that some arrived, for the learner's report.
+    """
+    original = getattr(RunningKernel, "get_message", None)
+    if original is None or getattr(original, "mha_course_patched", False):
+        return
+
+    def get_message(self, *args, **kwargs):
+        global BACKGROUND_SEEN
+        msg = original(self, *args, **kwargs)
+        if isinstance(msg, dict) and \
+                msg.get("parent_header", {}).get("msg_id") == BACKGROUND_ID:
+            BACKGROUND_SEEN = True
+        return msg
+
+    get_message.mha_course_patched = True
+    RunningKernel.get_message = get_message
+
+
 def cap(text, limit: int = TEXT_CAP) -> str:
     """``text`` (made a string) cut to ``limit`` characters, saying how many more there were."""
     return cap_line(text if isinstance(text, str) else str(text), limit)
@@ -228,6 +257,10 @@ def cell_record(item, call) -> dict:
     limit = WATCH.fired(record["error"])
     if limit:
         record["limit"] = limit
+    global BACKGROUND_SEEN
+    if BACKGROUND_SEEN or getattr(item, "mha_background", False):
+        record["background"] = True
+    BACKGROUND_SEEN = False
     return record
 
 
