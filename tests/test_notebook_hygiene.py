@@ -178,3 +178,43 @@ def test_the_path_check_sees_a_traceback_a_warning_and_an_error_message():
     assert machine_paths(nb) == ["cell 1: /home/ana/x.txt", "cell 1: /work/wt/a/mha_course/x.py",
                                  "cell 1: /opt/venv/lib/site-packages/np/w.py",
                                  "cell 1: /tmp/run"]
+
+
+DRILL = "13_interview_drill.ipynb"
+
+
+def _solution_exercises() -> dict[str, dict[str, dict]]:
+    """{notebook name: {exercise id: its cells' mha_course metadata, merged}} from solutions/."""
+    found = {}
+    for path in sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        for cell in nb.cells:
+            meta = cell.metadata.get("mha_course", {})
+            if "exercise" in meta:
+                found.setdefault(path.name, {}).setdefault(meta["exercise"], {}).update(meta)
+    return found
+
+
+def test_readme_counts_the_exercises_that_solutions_holds():
+    """The README said "4 to 6 exercises each in lessons 01 to 09" when lessons 10 to 12 had
+    arrived, and "14 spot-the-bug exercises" when the drill had 25 (newcomer trial item 4)."""
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    lessons = _solution_exercises()
+    drill = lessons.pop(DRILL)  # the last stop
+    counts = [len(ids) for ids in lessons.values()]
+    last = max(lessons)[:2]
+    said = re.search(r"(\d+) to (\d+) exercises each in lessons 01 to (\d\d)", readme)
+    assert said, "README: the sentence '<min> to <max> exercises each in lessons 01 to <NN>'"
+    assert [int(g) for g in said.groups()] == [min(counts), max(counts), int(last)], (
+        f"README says {said.group(0)!r}; solutions/ has {min(counts)} to {max(counts)} "
+        f"exercises each in lessons 01 to {last} ({sum(counts)} in all)")
+    in_all = re.search(r"(\d+) to \d+ exercises each in lessons 01 to \d\d, (\d+) in all", readme)
+    assert in_all is None or int(in_all.group(2)) == sum(counts), (
+        f"README says {in_all.group(0)!r}; solutions/ has {sum(counts)}")
+    bugs = sum(meta.get("kind") == "broken" for meta in drill.values())
+    others = len(drill) - bugs
+    assert others == 1, f"the drill has {others} exercises that are not spot-the-bug, not 1"
+    for number in re.findall(r"(\d+) spot-the-bug exercises", readme):
+        assert int(number) == bugs, f"README: {number} spot-the-bug exercises, not {bugs}"
+    assert re.search(rf"drill of {bugs} spot-the-bug exercises and a timed build", readme), (
+        f"README: the drill of {bugs} spot-the-bug exercises and a timed build")
