@@ -25,7 +25,7 @@ from cli_helpers import run_cli
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
 from jupyter_client.manager import KernelManager
 
-from mha_course.grading import run
+from mha_course.grading import run, sandbox
 from mha_course.grading.bundle import build_bundle
 from mha_course.grading.check import check_notebook
 from mha_course.grading.generate import (
@@ -373,8 +373,13 @@ def test_folder_mode_keeps_learners_apart_takes_the_best_and_skips_system_folder
     reports, out = class_run["reports"], class_run["out"]
     assert set(reports) == {"ada", "bob", "cy", "dee", "eve", "fay", "gil", "jay/", "jay.ipynb",
                             "kim", "lou", "max"}
-    # every skipped file is named, with why, and none of them is checked
+    # every skipped file is named, with why, and none of them is checked; the "note:" lines the
+    # checker prints first (no sandbox here, or a limit it cannot enforce) are checked apart
     preamble = out.split("\n== ")[0].splitlines()
+    notes = [line for line in preamble if line.startswith("note: ")]
+    unsandboxed = sandbox.find_sandbox(True)[0] is None
+    assert sum("WITHOUT a sandbox" in line for line in notes) == unsandboxed, notes
+    preamble = [line for line in preamble if not line.startswith("note: ")]
     assert preamble == ["skipped .hidden.ipynb: a hidden file",
                         "skipped __MACOSX/: macOS archive metadata",
                         "skipped jay/.ipynb_checkpoints/: Jupyter's autosaved checkpoints",

@@ -125,3 +125,96 @@ def test_each_lesson_ends_with_a_link_to_the_following_lesson_that_exists():
         last = nbformat.read(ROOT / here, as_version=4).cells[-1].source
         assert Path(after).name in _links(last), (
             f"{here}: its last cell should link the next lesson, {Path(after).name}")
+
+
+#: An absolute path of the machine a notebook ran on, where a saved output names a file: one of
+#: the usual homes of a checkout or a temporary file, or any folder holding installed packages.
+#: It may follow a terminal colour code (IPython's tracebacks colour file names), not a word or
+#: a relative path.
+MACHINE_PATH = re.compile(r"(?:(?<=\x1b\[\dm)|(?<=\x1b\[\d\dm)|(?<![\w.~/-]))"
+                          r"(?:/(?:work|tmp|root|home|Users)/"
+                          r"|(?:/[\w.+@~-]+)+/(?:site|dist)-packages/)")
+
+
+def _output_texts(output) -> list[str]:
+    texts = [output.get("text", ""), output.get("evalue", ""), *output.get("traceback", [])]
+    texts += [v for k, v in output.get("data", {}).items() if k.startswith("text/")]
+    return [t if isinstance(t, str) else "".join(t) for t in texts]
+
+
+def machine_paths(nb) -> list[str]:
+    """``cell N: PATH...`` for each saved output that names a path of the machine it ran on."""
+    found = []
+    for index, cell in enumerate(nb.cells):
+        for output in cell.get("outputs", []):
+            for text in _output_texts(output):
+                for match in MACHINE_PATH.finditer(text):
+                    end = re.search(r"[\s'\"\x1b:]|$", text[match.end():]).start()
+                    found.append(f"cell {index}: {text[match.start():match.end() + end]}")
+    return found
+
+
+def test_no_saved_output_names_a_path_of_the_machine_it_ran_on():
+    """Tracebacks saved in ten lessons named the maintainers' checkouts (/work/wt/claims-rest/...);
+    `python -m mha_course tidy` saves them as mha_course/... and <site-packages>/...."""
+    found = [f"{path} {line}" for path in NOTEBOOKS
+             for line in machine_paths(nbformat.read(ROOT / path, as_version=4))]
+    assert not found, ("saved outputs name paths of the machine they ran on (run `python -m "
+                       "mha_course tidy NOTEBOOK`):\n" + "\n".join(found[:20]))
+
+
+def test_the_path_check_sees_a_traceback_a_warning_and_an_error_message():
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("/work/ in prose is fine"), nbformat.v4.new_code_cell(
+        outputs=[nbformat.v4.new_output("error", ename="E", evalue="no '/home/ana/x.txt'",
+                                        traceback=["\x1b[32m/work/wt/a/mha_course/x.py:3\x1b[39m"]),
+                 nbformat.v4.new_output("stream", name="stderr",
+                                        text="/opt/venv/lib/site-packages/np/w.py:1: Warning\n"),
+                 nbformat.v4.new_output("execute_result", execution_count=1,
+                                        data={"text/plain": "PosixPath('/tmp/run')"})]),
+        nbformat.v4.new_code_cell(outputs=[nbformat.v4.new_output(
+            "stream", name="stdout", text="mha_course/x.py, <site-packages>/np/w.py, "
+            "https://example.org/home/work/, a/tmp/b, ratio 1/tmp/\n")])]
+    assert machine_paths(nb) == ["cell 1: /home/ana/x.txt", "cell 1: /work/wt/a/mha_course/x.py",
+                                 "cell 1: /opt/venv/lib/site-packages/np/w.py",
+                                 "cell 1: /tmp/run"]
+
+
+DRILL = "13_interview_drill.ipynb"
+
+
+def _solution_exercises() -> dict[str, dict[str, dict]]:
+    """{notebook name: {exercise id: its cells' mha_course metadata, merged}} from solutions/."""
+    found = {}
+    for path in sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        for cell in nb.cells:
+            meta = cell.metadata.get("mha_course", {})
+            if "exercise" in meta:
+                found.setdefault(path.name, {}).setdefault(meta["exercise"], {}).update(meta)
+    return found
+
+
+def test_readme_counts_the_exercises_that_solutions_holds():
+    """The README said "4 to 6 exercises each in lessons 01 to 09" when lessons 10 to 12 had
+    arrived, and "14 spot-the-bug exercises" when the drill had 25 (newcomer trial item 4)."""
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    lessons = _solution_exercises()
+    drill = lessons.pop(DRILL)  # the last stop
+    counts = [len(ids) for ids in lessons.values()]
+    last = max(lessons)[:2]
+    said = re.search(r"(\d+) to (\d+) exercises each in lessons 01 to (\d\d)", readme)
+    assert said, "README: the sentence '<min> to <max> exercises each in lessons 01 to <NN>'"
+    assert [int(g) for g in said.groups()] == [min(counts), max(counts), int(last)], (
+        f"README says {said.group(0)!r}; solutions/ has {min(counts)} to {max(counts)} "
+        f"exercises each in lessons 01 to {last} ({sum(counts)} in all)")
+    in_all = re.search(r"(\d+) to \d+ exercises each in lessons 01 to \d\d, (\d+) in all", readme)
+    assert in_all is None or int(in_all.group(2)) == sum(counts), (
+        f"README says {in_all.group(0)!r}; solutions/ has {sum(counts)}")
+    bugs = sum(meta.get("kind") == "broken" for meta in drill.values())
+    others = len(drill) - bugs
+    assert others == 1, f"the drill has {others} exercises that are not spot-the-bug, not 1"
+    for number in re.findall(r"(\d+) spot-the-bug exercises", readme):
+        assert int(number) == bugs, f"README: {number} spot-the-bug exercises, not {bugs}"
+    assert re.search(rf"drill of {bugs} spot-the-bug exercises and a timed build", readme), (
+        f"README: the drill of {bugs} spot-the-bug exercises and a timed build")

@@ -57,7 +57,8 @@ def require_sandbox() -> str:
     if bwrap is None:
         if os.environ.get("MHA_COURSE_REQUIRE_SANDBOX") == "1":
             pytest.fail(f"MHA_COURSE_REQUIRE_SANDBOX=1 but {why}", pytrace=False)
-        pytest.skip(why)
+        pytest.skip(f"needs the sandbox, and {why} (set MHA_COURSE_REQUIRE_SANDBOX=1 to make "
+                    "this a failure, as CI does)")
     return bwrap
 
 
