@@ -194,6 +194,7 @@ def test_a_traceback_through_the_graders_venv_and_checkout_names_none_of_its_fol
                     "<python>/ast.py:50", "see notes.txt and 42.py"):
         assert neutral in text, neutral
     assert "shapes (2,3) and (4,3) not aligned" in text
+    assert scrub("/tmp/x.ipynb: not JSON; see /tmp/a/b/y.py") == "x.ipynb: not JSON; see y.py"
     # a plain message is left as it is
     assert scrub("q has shape (2, 3) ~ expected (2, 4): see lesson 03") == (
         "q has shape (2, 3) ~ expected (2, 4): see lesson 03")

@@ -44,7 +44,7 @@ _PYTHON_LIB = re.compile(rf"(?<![\w.<>~/])~?(?:/{_PART})*/lib/python3(?:\.\d+)?/
 #: The folders of a path in the home folder (the file name stays).
 _HOME_PATH = re.compile(rf"(?<![\w.<>])~/(?:{_PART}/)*")
 #: The folders of a path in a temporary folder.
-_TEMP_PATH = re.compile(r"(?<![\w.])/(?:tmp|var|private)/[^\s'\"`),]+/")
+_TEMP_PATH = re.compile(rf"(?<![\w.])/(?:tmp|var|private)/(?:{_PART}/)*")
 #: The course checkout this module belongs to (in a wheel: the site-packages folder).
 _COURSE_ROOT = Path(__file__).resolve().parents[2]
 
