@@ -5,8 +5,9 @@ writes, for an instructor whose institution grades on Gradescope (each submissio
 container; the layout and results format are Gradescope's "Autograder Specifications"):
 
 - ``autograder.zip``, with at its root ``setup.sh`` (run once when Gradescope builds the image:
-  Python, bubblewrap, a virtual environment with the course installed from the wheel inside the
-  zip and the checker's packages from the package index; nothing else is fetched),
+  Python, bubblewrap, a virtual environment with the checker's packages from the package index
+  and then the course from the wheel inside the zip, without its dependencies, so pip has no
+  missing JupyterLab to complain about; nothing else is fetched),
   ``run_autograder`` (run for every submission: :func:`run_autograder` checks the submitted
   notebook against the assignment with the course's checker, in grading mode, and writes
   ``/autograder/results/results.json``), ``wheels/`` (the course), ``solutions/`` (the
@@ -46,6 +47,8 @@ from .run import DEFAULT_TIMEOUT
 from .verdicts import cap_line
 
 ROOT_ENV = "MHA_COURSE_AUTOGRADER_ROOT"
+#: The note :func:`~mha_course.grading.gradebook.grade_row` adds to a row without notebooks.
+EMPTY_NOTE = "no notebooks in this submission"
 #: Longest ``output`` of one test (Gradescope collapses it; a 5 MB print must not travel).
 OUTPUT_CAP = 4000
 
@@ -53,8 +56,8 @@ SETUP_SH = f"""\
 #!/usr/bin/env bash
 # Gradescope runs this once, as root, when it builds the autograder's image (Ubuntu). It
 # installs Python and bubblewrap (the checker's sandbox; where the container forbids it, the
-# checker runs without it), then the course from the wheel in this zip and the checker's
-# packages from the package index, in a virtual environment. Nothing else is downloaded.
+# checker runs without it), then, in a virtual environment, the checker's packages from the
+# package index and the course from the wheel in this zip. Nothing else is downloaded.
 set -euo pipefail
 AG="${{{ROOT_ENV}:-/autograder}}"
 if [ -z "${{MHA_COURSE_SKIP_APT:-}}" ] && command -v apt-get >/dev/null; then
@@ -63,8 +66,12 @@ if [ -z "${{MHA_COURSE_SKIP_APT:-}}" ] && command -v apt-get >/dev/null; then
         bubblewrap >/dev/null
 fi
 "${{MHA_COURSE_PYTHON:-python3}}" -m venv "$AG/venv"
-"$AG/venv/bin/python" -m pip install -q --no-deps "$AG"/source/wheels/*.whl
+# The checker's packages first, then the course without its dependencies: they are those
+# packages, less the learner's editor (JupyterLab), which grading does not need. In the other
+# order pip would check the installed course against the environment and print "ERROR:
+# mha-course ... requires jupyterlab", which is harmless but alarming.
 "$AG/venv/bin/python" -m pip install -q -r "$AG/source/requirements.txt"
+"$AG/venv/bin/python" -m pip install -q --no-deps "$AG"/source/wheels/*.whl
 "$AG/venv/bin/python" -c "import mha_course.grading.export_gradescope"
 """
 
@@ -208,9 +215,13 @@ def run_autograder(root: str | Path) -> dict:
         print(result if isinstance(result, ExerciseError) else
               f"{path.name}: " + ", ".join(f"{v.exercise} {v.status}" for v in result.verdicts),
               flush=True)
-    notes = [] if notebooks else [f"no notebook (.ipynb) in the submission: upload your "
-                                  f"{settings.get('starter', 'notebook')}"]
-    row = grade_row(_student(root), "", results, assignment, notes=notes)
+    row = grade_row(_student(root), "", results, assignment)
+    if not notebooks:  # say why once, and what to do: not also grade_row's generic note
+        why = (f"no notebook (.ipynb) in the submission: upload your "
+               f"{settings.get('starter', 'notebook')}")
+        row.notes = [n for n in row.notes if n != EMPTY_NOTE]
+        for verdict in row.verdicts.values():
+            verdict.message = why
     for path, result in results:
         if isinstance(result, ExerciseError):
             row.notes.append(f"{path.name}: {result}")

@@ -11,13 +11,17 @@ writes, for an instructor who grades on JupyterHub with nbgrader (tested with nb
   exercise's points (``grade: true, points``; split evenly when an exercise has several); the
   title, setup, task and hint cells *read-only* (``locked: true``), so the checks and the setup
   that imports them are put back from the source when ``autograde`` runs;
-- ``COURSE/nbgrader_config.py``: the cell timeout of the course's checker, students created at
-  autograde time;
+- ``COURSE/nbgrader_config.py``: the cell timeout of the course's checker, and as long a wait
+  for a cell's last output (nbgrader's IOPub timeout: at its default, 4 s, a slow cell's late
+  output makes nbgrader drop the whole submission), students created at autograde time;
 - ``COURSE/NAME.assignment.json``: the same assignment for ``python -m mha_course check
   --assignment`` (to compare, or to regrade a submission with the course's own checker);
 - ``COURSE/wheels/``: the course as a wheel, for the JupyterHub image (the kernels that run the
   students' notebooks, and nbgrader's autograde, import the checks from it);
-- ``COURSE/README.md``: the steps, for the instructor.
+- ``COURSE/README.md``: the steps, for the instructor, with the due date as nbgrader's
+  gradebook takes it (``nbgrader db assignment add NAME --duedate=...``: nbgrader 0.9.6 reads
+  a due date from its database only, not from its config), so nbgrader records how late each
+  submission is.
 
 A check cell passes when the course's check prints its line, and fails when it raises: that is
 how nbgrader scores an autograder-tests cell (any error, or any output on stderr, is 0
@@ -27,6 +31,7 @@ points), so nbgrader's points equal the course checker's for the same answers.
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import nbformat
@@ -100,7 +105,31 @@ def source_notebook(assignment: Assignment, solutions=None, timeout: float = DEF
     return nb
 
 
-def config_text(name: str, timeout: float) -> str:
+def nbgrader_due(assignment: Assignment) -> str | None:
+    """The due date as ``nbgrader db assignment add --duedate`` takes it: ISO 8601 with an offset.
+
+    nbgrader reads a time without an offset as UTC; the course reads it as local time, so a due
+    date without one gets this machine's offset (the README shows it, to be edited if the
+    course's time zone is another).
+
+    >>> nbgrader_due(Assignment(("03.1",), due="2030-01-01T23:59:59+01:00"))
+    '2030-01-01T23:59:59+01:00'
+    """
+    when = assignment.due_datetime()
+    if when is None:
+        return None
+    return (when if when.tzinfo is not None else when.astimezone()).isoformat()
+
+
+def config_text(name: str, timeout: float, due: str | None = None) -> str:
+    seconds = math.ceil(timeout)
+    due_lines = (f"""
+# The due date, {due}, is not a setting: nbgrader {NBGRADER_VERSION} reads it from its
+# gradebook, where README.md's step 3 puts it:
+#     nbgrader db assignment add {name} --duedate={due}
+# nbgrader then records how late each submission is; to give a late one 0 points:
+# c.LateSubmissionPlugin.penalty_method = "zero"
+""" if due else "")
     return f'''\
 # nbgrader settings for the mha-course assignment "{name}"
 # (written by `python -m mha_course export nbgrader`; tested with nbgrader {NBGRADER_VERSION}).
@@ -108,18 +137,37 @@ def config_text(name: str, timeout: float) -> str:
 c = get_config()  # noqa: F821 (nbgrader provides it)
 
 # The course's checker stops a cell after {timeout:g} s; nbgrader's autograde does the same.
-c.Execute.timeout = {int(timeout)}
+c.Execute.timeout = {seconds}
+# After a cell finishes, nbgrader waits this long for its last output. At nbgrader's default,
+# 4 s, a slow cell (a big allocation) raises "Timeout waiting for IOPub output" and nbgrader
+# drops the whole submission; this gives a cell's last output as long as the cell itself.
+c.Execute.iopub_timeout = {seconds}
 # Students appear in the gradebook when their first submission is autograded.
 c.Autograde.create_student = True
 # What replaces each solution in the students' version (nbgrader's default, said explicitly).
 c.ClearSolutions.code_stub = {{"python": "# YOUR CODE HERE\\nraise NotImplementedError()"}}
-'''
+{due_lines}'''
 
 
 def readme_text(name: str, assignment: Assignment, wheel: str) -> str:
     rows = "\n".join(f"| {x} | {number(assignment.points[x])} |" for x in assignment.exercises)
     requirements = " ".join(f"'{r}'" for r in checker_requirements() if not r.startswith(
         ("pytest", "nbval", "psutil")))
+    due = nbgrader_due(assignment)
+    if due:
+        step3 = (f"Put the due date into nbgrader's gradebook (nbgrader {NBGRADER_VERSION} "
+                 "takes it from there only):\n\n"
+                 f"       nbgrader db assignment add {name} --duedate={due}\n\n"
+                 "   (the assignment's due date, with this machine's UTC offset if the "
+                 "assignment gave\n   none: nbgrader reads a time without one as UTC). "
+                 "`nbgrader autograde` then records\n   how late each submission is, from the "
+                 "`timestamp.txt` that `nbgrader collect` copies\n   with it; it takes no points "
+                 "off unless you set\n   `c.LateSubmissionPlugin.penalty_method = \"zero\"` "
+                 "(a late submission then scores 0).")
+    else:
+        step3 = ("The assignment has no due date. To give it one: `nbgrader db assignment "
+                 f"add {name}\n   --duedate=2030-01-31T23:59:00+00:00` (ISO 8601; nbgrader reads "
+                 "a time without an\n   offset as UTC).")
     return f"""\
 # {assignment.title or name}: an nbgrader assignment from mha-course
 
@@ -138,12 +186,13 @@ Total: {number(assignment.max_points)} points.
    nbgrader: `pip install nbgrader=={NBGRADER_VERSION}`.
 2. Copy `source/{name}/` into your course folder's `source/` (this folder is a course folder
    already: you can also work in it), and merge `nbgrader_config.py` into yours.
-3. `nbgrader generate_assignment {name}` writes the students' version into
+3. {step3}
+4. `nbgrader generate_assignment {name}` writes the students' version into
    `release/{name}/`: each solution becomes `# YOUR CODE HERE`; release it as usual
    (`nbgrader release_assignment {name}`, or the Formgrader).
-4. Collect the submissions (`nbgrader collect {name}`, or copy them to
+5. Collect the submissions (`nbgrader collect {name}`, or copy them to
    `submitted/STUDENT/{name}/{name}.ipynb`), then `nbgrader autograde {name}`.
-5. `nbgrader export` writes `grades.csv` (one row per student and assignment).
+6. `nbgrader export` writes `grades.csv` (one row per student and assignment).
 
 An exercise's points are earned when its check cell passes; the check cells, the setup cell that
 imports the checks, and the task text are read-only and put back from `source/` when nbgrader
@@ -177,7 +226,8 @@ def export_nbgrader(assignment: Assignment, out: Path, solutions=None, name: str
     notebook.write_text(notebook_text(nb), encoding="utf-8", newline="\n")
     spec.write_text(assignment_text(dataclasses.replace(assignment, notebook=notebook.name)),
                     encoding="utf-8", newline="\n")
-    config.write_text(config_text(name, timeout), encoding="utf-8", newline="\n")
+    config.write_text(config_text(name, timeout, nbgrader_due(assignment)), encoding="utf-8",
+                      newline="\n")
     wheel = build_wheel(out / "wheels")
     readme.write_text(readme_text(name, assignment, wheel.name), encoding="utf-8", newline="\n")
     nbformat.validate(nbformat.reads(notebook.read_text(encoding="utf-8"), as_version=4))
