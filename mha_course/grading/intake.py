@@ -234,9 +234,9 @@ def collect(paths, roster: dict | None = None, deadline: datetime | None = None)
     for sub in found:
         _apply_roster(sub, roster)
     intake.submissions = _newest_copies(found)
-    _keep_apart(intake.submissions)
     intake.submissions.sort(key=lambda s: (s.roster_line is None, s.roster_line or 0,
-                                           s.name.casefold(), s.name))
+                                           s.name.casefold()))  # stable: one name, file order
+    _keep_apart(intake.submissions)
     if deadline is not None:
         stamp = deadline.timestamp()
         for sub in intake.submissions:
