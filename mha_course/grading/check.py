@@ -18,15 +18,15 @@ import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .assignment import Assignment
+from .assignment import NOTEBOOK_KEY, Assignment
 from .bundle import build_bundle
 from .catalog import exercises
 from .generate import load_solutions
 from .limits import Limits, find_enforcement
-from .merge import course_sources, merge_learner, reference_for
-from .notebooks import ExerciseError, course_root, info, read_notebook
+from .merge import course_sources, merge_learner, normalised, reference_for
+from .notebooks import ID_RE, ExerciseError, course_root, info, lesson_of, nb_info, read_notebook
 from .run import DEFAULT_TIMEOUT, Isolation, run_nbval
-from .sandbox import FileGuard, Library, find_sandbox
+from .sandbox import CHANGED_SUFFIX, Change, FileGuard, Library, find_sandbox
 from .verdicts import NotebookResult, Verdict, judge_run
 
 #: The pytest plugin of grading mode (checks run in the grader, see grading/grader.py).
@@ -35,6 +35,160 @@ GRADER_PLUGIN = "mha_course.grading.grader"
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 MISSING = ("your notebook has no solution cell for this exercise (deleted?); copy the cell back "
            "from the exercise notebook")
+#: The verdict message of a missing exercise when the whole notebook is the wrong one.
+NOT_IN_WRONG_NOTEBOOK = "not in the notebook handed in: it is the wrong notebook (see the note)"
+#: How the note on a wrong notebook starts (the report prints it first).
+WRONG_NOTEBOOK = "wrong notebook: "
+#: How a note on changed notebook metadata or check cells starts.
+TAMPERED = "ignored: "
+
+
+@dataclass(frozen=True)
+class KeptChange(Change):
+    """A submission changed during the check: restored, its changed bytes kept with the results."""
+
+    def describe(self) -> str:
+        if self.error or not self.restored or self.kept is None:
+            return super().describe()
+        during = sorted(self.during)
+        who = (f"while {', '.join(during)} {'was' if len(during) == 1 else 'were'} being checked"
+               if during else "during the check")
+        return (f"{self.path}: changed {who}; restored as it was before the check, the changed "
+                f"bytes kept in {self.kept} (nothing is written into the submissions folder)")
+
+
+class KeepAside(FileGuard):
+    """A :class:`~mha_course.grading.sandbox.FileGuard` that keeps the changed bytes of the
+    submissions it was told about (:meth:`keep_aside`) in the folder ``keep``, beside the
+    results, never in the submissions folder (other files: as FileGuard does, beside them)."""
+
+    def __init__(self, restore: bool = False, keep: Path | None = None):
+        super().__init__(restore)
+        self.keep = Path(keep) if keep is not None else None
+        self._aside: set[Path] = set()
+
+    def keep_aside(self, path) -> None:
+        """Keep what ``path`` (a submission) holds after a change in :attr:`keep`."""
+        self._aside.add(Path(path))
+
+    def _kept_name(self, path: Path) -> Path:
+        candidate, n = self.keep / path.name, 1
+        while candidate.exists():
+            n += 1
+            candidate = self.keep / f"{path.stem}-{n}{path.suffix}"
+        return candidate
+
+    def _handle(self, path, data, mtime, own, now, during) -> Change:
+        if (self.keep is None or path not in self._aside or now is None or own
+                or not self.restore):
+            return super()._handle(path, data, mtime, own, now, during)
+        try:
+            self.keep.mkdir(parents=True, exist_ok=True)
+            kept = self._kept_name(path)
+            kept.write_bytes(now)
+        except OSError as exc:
+            kept, problem = None, f"the changed bytes could not be kept in {self.keep}: {exc}"
+        else:
+            problem = ""
+        done = super()._handle(path, data, mtime, own, None, during)  # restore; keeps nothing
+        return KeptChange(done.path, done.during, kept, done.restored,
+                          done.error or problem)
+
+
+def keep_folder(csv: Path) -> Path:
+    """Where the bytes of submissions that changed during the check are kept: beside the CSV,
+    in a folder named after it (``results.csv`` -> ``results.changed-during-check/``)."""
+    return csv.with_name(csv.stem + CHANGED_SUFFIX)
+
+
+def wrong_notebook(learner, assignment: Assignment, solutions: dict, missing) -> str:
+    """Grading mode: a note when ``learner`` is another notebook than the assignment's ("" if
+    not): its metadata (or its exercise cells) name another lesson's exercise notebook or
+    another assignment, and most of the assignment's exercises (``missing``) are not in it."""
+    wanted = list(assignment.exercises)
+    gone = [x for x in wanted if x in set(missing)]
+    if len(gone) * 2 <= len(wanted):
+        return ""
+    meta = nb_info(learner)
+    theirs = meta.get("assignment")
+    if isinstance(theirs, list) and theirs:
+        if [str(x) for x in theirs] == wanted:
+            return ""
+        what = ("another assignment's notebook (exercises "
+                f"{' '.join(str(x) for x in theirs)})")
+    else:
+        lesson = meta.get("lesson")
+        if not isinstance(lesson, str) or lesson not in solutions:
+            lessons = {lesson_of(info(c)["exercise"]) for c in learner.cells
+                       if isinstance(info(c).get("exercise"), str)
+                       and ID_RE.match(info(c)["exercise"])}
+            lesson = lessons.pop() if len(lessons) == 1 else None
+        if lesson not in solutions:
+            return ""
+        what = f"exercises/{solutions[lesson][0].name} (lesson {lesson}'s exercise notebook)"
+    name = assignment.notebook or "notebook"
+    if assignment.title:
+        name += f' ("{assignment.title}")'
+    return (f"{WRONG_NOTEBOOK}this looks like {what}, not the assignment {name}: "
+            f"{len(gone)} of its {len(wanted)} exercises are not in it ({' '.join(gone)}); "
+            "hand in the assignment's notebook")
+
+
+def _metadata_points(spec) -> dict | None:
+    """``{id: points}`` of an assignment's copy in notebook metadata, or None if unreadable."""
+    items = spec.get("exercises") if isinstance(spec, dict) else None
+    if not isinstance(items, list):
+        return None
+    points = {}
+    for item in items:
+        if not isinstance(item, dict) or not isinstance(item.get("id"), str):
+            return None
+        points[item["id"]] = item.get("points")
+    return points
+
+
+def tampering(learner, ref, assignment: Assignment) -> list[str]:
+    """Grading mode: what the learner's notebook changed that grading ignores, as notes: the
+    exercise list or the points in its metadata, a check cell that is not the course's."""
+    meta = nb_info(learner)
+    wanted = list(assignment.exercises)
+    notes = []
+    theirs = meta.get("assignment")
+    if theirs is not None and theirs != wanted:
+        shown = " ".join(map(str, theirs)) if isinstance(theirs, list) else repr(theirs)
+        notes.append(f"{TAMPERED}the notebook's metadata lists the exercises {shown or '(none)'}"
+                     f", not the assignment's {' '.join(wanted)}; graded against the assignment")
+    if NOTEBOOK_KEY in meta:
+        points = _metadata_points(meta[NOTEBOOK_KEY])
+        if points is None:
+            notes.append(f"{TAMPERED}the notebook's metadata {NOTEBOOK_KEY} is not the "
+                         "assignment's; the assignment file's points count")
+        else:
+            diffs = [f"{x}: {points[x]!r}" for x in points
+                     if x not in assignment.points or points[x] != assignment.points[x]]
+            diffs += [f"{x}: none" for x in wanted if x not in points]
+            if diffs:
+                notes.append(f"{TAMPERED}the notebook's metadata gives other points ("
+                             + ", ".join(diffs) + "); the assignment file's points count")
+    checks = {c.get("id"): c for c in ref.cells if info(c).get("role") == "check"}
+    by_exercise = {}
+    for cell in ref.cells:
+        if info(cell).get("role") == "check":
+            by_exercise.setdefault(info(cell)["exercise"], []).append(normalised(cell.source))
+    changed = []
+    for number, cell in enumerate(learner.cells, start=1):
+        if cell.cell_type != "code":
+            continue
+        ref_cell = checks.get(cell.get("id")) if cell.get("id") else None
+        exercise = (info(ref_cell) if ref_cell is not None else info(cell)).get("exercise")
+        if ref_cell is None and info(cell).get("role") != "check":
+            continue
+        if exercise in by_exercise and normalised(cell.source) not in by_exercise[exercise]:
+            changed.append(f"{exercise} (cell {number})")
+    if changed:
+        notes.append(f"{TAMPERED}the check cell of Exercise {', '.join(changed)} is not the "
+                     "course's; the course's check ran instead")
+    return notes
 
 
 @functools.lru_cache(maxsize=2)
@@ -73,7 +227,8 @@ class Checker:
     @classmethod
     def create(cls, solutions_dir=None, timeout: float = DEFAULT_TIMEOUT, sandbox: bool = True,
                hidden=(), sanitize: Path | None = None, assignment: Assignment | None = None,
-               probes: str | None = None, limits: Limits | None = None) -> Checker:
+               probes: str | None = None, limits: Limits | None = None,
+               keep: Path | None = None) -> Checker:
         """Snapshot the solutions, the package and the sanitize file; find the sandbox.
 
         ``hidden`` folders (the submissions) are hidden from the sandboxed kernel, as are the
@@ -81,7 +236,8 @@ class Checker:
         is in grading mode: every notebook is graded against it, and the checks run in the
         grader (:mod:`mha_course.grading.grader`), not in the learner's kernel. ``limits``
         (default: 4 GiB, 256 processes, 1 GiB of disk per kernel) bound every kernel
-        (:mod:`mha_course.grading.limits`).
+        (:mod:`mha_course.grading.limits`). ``keep``: the folder where the changed bytes of a
+        submission that changed during the check are kept (:func:`keep_folder`; None: beside it).
         """
         root = course_root()
         solutions_dir = Path(solutions_dir) if solutions_dir is not None else root / "solutions"
@@ -99,7 +255,7 @@ class Checker:
                                     f"{' '.join(unknown)}")
         limits = limits if limits is not None else Limits()
         library = package_snapshot(str(PACKAGE_DIR))
-        guard = FileGuard(restore=bwrap is None)  # only unsandboxed kernels can write them
+        guard = KeepAside(restore=bwrap is None, keep=keep)  # only unsandboxed kernels write
         for path, data in watched.items():
             guard.add(path, data)
         for rel, data in library.files.items():
@@ -159,6 +315,8 @@ class Checker:
             except OSError:
                 continue
             self.isolation.guard.add(path, data, own=own)
+            if isinstance(self.isolation.guard, KeepAside):
+                self.isolation.guard.keep_aside(path)
 
     def changed(self) -> list[str]:
         """Files changed on disk since the snapshots (the package, solutions, submissions), each
@@ -201,13 +359,18 @@ class Checker:
                 break
             decided[run.lost_at] = run.verdicts[run.lost_at]  # run again with it stubbed out
         verdicts = dict(run.verdicts)
-        for exercise in merged.missing:
-            if exercise not in decided:
-                verdicts[exercise] = Verdict(exercise, "missing", MISSING)
+        missing = {x for x in merged.missing if x not in decided}
+        wrong = (wrong_notebook(learner, self.assignment, self.solutions, missing)
+                 if self.assignment is not None else "")
+        for exercise in missing:
+            verdicts[exercise] = Verdict(exercise, "missing",
+                                         NOT_IN_WRONG_NOTEBOOK if wrong else MISSING)
         for exercise, notes in merged.notes.items():
             verdict = verdicts[exercise]
             verdicts[exercise] = dataclasses.replace(verdict, notes=notes + verdict.notes)
-        notes = list(run.notes)
+        notes = ([wrong] if wrong else []) + list(run.notes)
+        if self.assignment is not None:
+            notes += tampering(learner, ref, self.assignment)
         if merged.ignored:
             notes.append(f"your notebook also answers {' '.join(merged.ignored)}, which "
                          f"{'is' if len(merged.ignored) == 1 else 'are'} not part of this "

@@ -17,8 +17,10 @@ Exit codes of ``check`` on folders, or with ``--assignment`` (an instructor grad
 0 grading completed (every submission was read and graded, whatever its score); 1 grading
 completed but some submissions could not be read or checked (each is an ERROR row with its
 reason; the others are graded); 2 a usage error (nothing was checked: a bad option, a result
-file that would be overwritten or would land in the submissions folder, an unreadable
-assignment or roster).
+file that would land in the submissions folder, an unreadable assignment or roster). A CSV
+that exists is never overwritten without ``--force``: the run writes ``NAME-2.csv`` (the first
+free name) and says so; the bytes of a submission that changed during the check are kept in
+``NAME.changed-during-check/`` beside the CSV, never in the submissions folder.
 
 ``generate --verify`` exits 1 when exercises/ is stale; ``tidy --check`` 1 when a notebook is
 untidy; every command exits 2 on a usage error.
@@ -45,7 +47,7 @@ from .assignment import (
 )
 from .bundle import assign
 from .catalog import exercises, parse_ids
-from .check import Checker
+from .check import Checker, keep_folder
 from .export import choose
 from .export_gradescope import export_gradescope
 from .export_nbgrader import export_nbgrader
@@ -64,7 +66,7 @@ from .notebooks import (
     read_notebook,
     sort_ids,
 )
-from .outputs import backup, plan_outputs
+from .outputs import backup, free_name, plan_outputs
 from .report import combine, csv_text, format_result, summary_table
 from .run import DEFAULT_TIMEOUT, stop_on_signals
 from .sandbox import UNSANDBOXED
@@ -298,15 +300,21 @@ def _check(args) -> int:
     if args.feedback and assignment is None:
         raise ExerciseError("--feedback needs --assignment (the points and exercises it "
                             "reports come from the assignment)")
-    outputs = plan_outputs(args.csv, args.feedback, args.force, folder_mode, paths)
-    for note in outputs.notes:
+    csv, first = args.csv, []
+    if csv is not None and folder_mode and csv.exists() and not csv.is_dir() and not args.force:
+        csv = free_name(csv)  # never overwrite an instructor's file: the next free name
+        first.append(f"{args.csv} exists, so this run writes {csv} (use --force to replace "
+                     f"{args.csv}; the old one is then kept as a .bak file)")
+    outputs = plan_outputs(csv, args.feedback, args.force, folder_mode, paths)
+    for note in [*first, *outputs.notes]:
         print(f"note: {note}", flush=True)
+    keep = keep_folder(outputs.csv) if outputs.csv is not None and folder_mode else None
     hidden = [p if p.is_dir() else p.parent for p in paths]
     limits = Limits(args.memory, args.processes, args.disk)
     with stop_on_signals():
         checker = Checker.create(_solutions(args.solutions), args.timeout,
                                  sandbox=not args.no_sandbox, hidden=hidden, assignment=assignment,
-                                 probes=probes, limits=limits)
+                                 probes=probes, limits=limits, keep=keep)
         if checker.unsandboxed:
             print("note: " + UNSANDBOXED.format(reason=checker.unsandboxed), file=sys.stderr,
                   flush=True)

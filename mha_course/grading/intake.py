@@ -15,7 +15,10 @@ Not taught in a lesson: folder mode of ``python -m mha_course check`` reads the 
 - keeps, of several copies of one student's notebook, the newest (by modification time) and
   lists the others;
 - marks a submission late by the LMS marker, or when ``deadline`` is given and its newest
-  notebook was modified after it.
+  notebook was modified after it;
+- orders the submissions as a gradebook lists students: in the roster's order when a roster is
+  given (students not in it after, by name), else by the name shown, ignoring case
+  (Canvas's ``andersalice_12345_...`` shows as ``andersalice``: a roster gives real names).
 
 ``jay.ipynb`` and a folder ``jay/`` stay two submissions (a folder is a student's own).
 """
@@ -144,6 +147,8 @@ class Submission:
     #: When its newest notebook was last modified (seconds since the epoch), or None.
     modified: float | None = None
     notes: list[str] = field(default_factory=list)
+    #: Its line in the roster (0 first), or None: the gradebook lists students in that order.
+    roster_line: int | None = None
 
 
 @dataclass
@@ -229,6 +234,8 @@ def collect(paths, roster: dict | None = None, deadline: datetime | None = None)
     for sub in found:
         _apply_roster(sub, roster)
     intake.submissions = _newest_copies(found)
+    intake.submissions.sort(key=lambda s: (s.roster_line is None, s.roster_line or 0,
+                                           s.name.casefold()))  # stable: one name, file order
     _keep_apart(intake.submissions)
     if deadline is not None:
         stamp = deadline.timestamp()
@@ -245,6 +252,7 @@ def _apply_roster(sub: Submission, roster: dict | None) -> None:
     for key in (_fold(stem), _fold(COPY_RE.sub("", nfc(stem))), _fold(sub.name)):
         if key in roster:
             sub.name, sub.student_id = roster[key].name, roster[key].id
+            sub.roster_line = list(roster).index(key)
             return
     if not sub.student_id:
         sub.notes.append(f"{sub.source.name} is not in the roster")

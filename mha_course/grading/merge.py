@@ -127,6 +127,15 @@ def _norm(source: str) -> str:
     return "\n".join(line.rstrip() for line in source.strip().split("\n"))
 
 
+def normalised(source: str) -> str:
+    """A cell's source as :func:`classify` compares it (outer and trailing blanks stripped).
+
+    >>> normalised("check(f)  \n\n")
+    'check(f)'
+    """
+    return _norm(source)
+
+
 def _moved_note(exercise, hit) -> str:
     if not (isinstance(exercise, str) and ID_RE.match(exercise)) or exercise == hit:
         return ""

@@ -20,6 +20,7 @@ import io
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .check import NOT_IN_WRONG_NOTEBOOK, WRONG_NOTEBOOK
 from .intake import Submission, collect
 from .verdicts import STATUS_MEANING, STATUS_SHORT, NotebookResult, cap_line, trim
 
@@ -36,7 +37,16 @@ def format_result(result: NotebookResult, timeout: float) -> str:
     if result.error:
         return f"{head}: ERROR: {cap_line(result.error)}"
     lines = [f"{head} (checked against {result.reference}; cell timeout {timeout:g} s)"]
+    wrong = [n for n in result.notes if n.startswith(WRONG_NOTEBOOK)]
+    lines += [f"  {cap_line(note.replace(WRONG_NOTEBOOK, 'WRONG NOTEBOOK: ', 1))}"
+              for note in wrong]  # said once, first, instead of a MISSING line per exercise
+    absent = [v.exercise for v in result.verdicts
+              if v.status == "missing" and v.message == NOT_IN_WRONG_NOTEBOOK]
+    if absent:
+        lines.append(f"  Exercises {' '.join(absent)}  MISSING: not in this notebook")
     for v in result.verdicts:
+        if v.exercise in absent:
+            continue
         text = {
             "passed": "passed",
             "not attempted": "not attempted",
@@ -50,7 +60,7 @@ def format_result(result: NotebookResult, timeout: float) -> str:
         indent = " " * (len(v.exercise) + 13)
         lines.append(f"  Exercise {v.exercise}  {body[0]}")
         lines += [indent + ln for ln in body[1:]]
-    lines += [f"  note: {cap_line(note)}" for note in result.notes]
+    lines += [f"  note: {cap_line(note)}" for note in result.notes if note not in wrong]
     counts = {}
     for v in result.verdicts:
         counts[v.status] = counts.get(v.status, 0) + 1
