@@ -567,7 +567,6 @@ def test_a_run_refuses_before_any_work_when_it_could_not_write_its_results(tmp_p
     save_assignment(hw, tmp_path / "hw.assignment.json")
     (tmp_path / "taken.csv").write_text("keep me")
     cases = {
-        ("--csv", tmp_path / "taken.csv"): "already exists; use --force",
         ("--csv", subs / "r.csv"): "inside the submissions folder",
         ("--feedback", subs / "fb"): "inside the submissions folder",
         ("--csv", tmp_path / "no" / "r.csv"): "no folder",

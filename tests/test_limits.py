@@ -293,17 +293,22 @@ def test_every_file_is_byte_identical_afterwards(hostile_class):
     changed = [p for p, data in run["before"].items() if run["after"][p] != data]
     assert changed == [], changed
     kept = sorted(p.name for p in run["subs"].iterdir() if "changed-during-check" in p.name)
+    assert kept == []  # nothing is ever written into the submissions folder
+    aside = run["subs"].parent / "results.changed-during-check"  # beside the CSV, named after it
     if run["boxed"]:  # nothing could write them: nothing to restore
-        assert kept == [] and "warning: these files changed" not in run["err"]
+        assert not aside.exists() and "warning: these files changed" not in run["err"]
         assert "rewrite failed" not in run["out"]  # own cells' prints are not shown
-    else:  # written, then restored; the changed bytes are beside them; the report says who
-        assert kept == ["bob.ipynb.changed-during-check", "zoe.ipynb.changed-during-check"]
-        assert 'return 0' in (run["subs"] / "zoe.ipynb.changed-during-check").read_text()
+    else:  # written, then restored; the changed bytes kept with the results; who is named
+        assert sorted(p.name for p in aside.iterdir()) == ["bob.ipynb", "zoe.ipynb"]
+        assert 'return 0' in (aside / "zoe.ipynb").read_text()
         warning = run["err"][run["err"].index("warning: these files changed"):]
         for path in (run["zoe"], run["bob"], run["solution"]):
             line = next(ln for ln in warning.splitlines() if ln.startswith(f"  {path}: "))
+            kept_in = (r"\S+\.changed-during-check beside it" if path == run["solution"] else
+                       rf"{re.escape(str(aside / path.name))} \(nothing is written into the "
+                       r"submissions folder\)")
             assert re.match(r"  \S+: changed while (\S+, )*\S+/abe\.ipynb(, \S+)* (was|were) "
                             r"being checked; restored as it was before the check, the changed "
-                            r"bytes kept in \S+\.changed-during-check beside it$", line), line
+                            rf"bytes kept in {kept_in}$", line), line
         assert (run["solution"].parent / "98_fixture.ipynb.changed-during-check").read_text() \
             == "{}"

@@ -90,7 +90,18 @@ def test_make_lab_serves_the_course_with_token_auth_on_localhost(make_lab):
     print(f"\nmake lab printed {found[0][:60]}... (asked for port {port})")
     assert len(token) >= 32
 
-    status, _, body = _fetch(f"{base}/lab?token={token}")
+    # The URL can be logged a moment before a loaded machine's server accepts: retry a refused
+    # connection while the server runs (a server that died or never listens still fails).
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            status, _, body = _fetch(f"{base}/lab?token={token}")
+            break
+        except urllib.error.URLError as err:
+            refused = isinstance(err.reason, ConnectionRefusedError)
+            assert refused and proc.poll() is None and time.monotonic() < deadline, \
+                f"{err}; make lab's log:\n{log.read_text(errors='replace')}"
+            time.sleep(0.5)
     assert status == 200 and "JupyterLab" in body, status
     status, location, _ = _fetch(f"{base}/lab")
     assert status == 302 and "/login" in location, (status, location)
