@@ -128,7 +128,7 @@ def _norm(source: str) -> str:
 
 
 def normalised(source: str) -> str:
-    """A cell's source as :func:`classify` compares it (outer and trailing blanks stripped).
+    r"""A cell's source as :func:`classify` compares it (outer and trailing blanks stripped).
 
     >>> normalised("check(f)  \n\n")
     'check(f)'
