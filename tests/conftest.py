@@ -77,3 +77,28 @@ def random_layer(rng, bias=False, n_kv_heads=None, *, d_model, h, d_k=None, d_v=
     for name, p in layer.parameters().items():
         setattr(layer, name, rng.normal(size=p.shape) / np.sqrt(d_model))
     return layer
+
+
+# The end-to-end runs: each starts kernels, a JupyterLab, a browser, nbgrader or a virtual
+# environment, and together they take most of `make test`'s time. `pytest -m slow` runs only them,
+# `pytest -m "not slow"` everything else (a maintainer's quick loop); `make test` runs both.
+SLOW_FILES = {
+    "test_exercise_tools.py", "test_grading.py", "test_export_gradescope.py",
+    "test_export_nbgrader.py", "test_sandbox.py", "test_limits.py", "test_trial_checker.py",
+    "test_trial_exports.py",
+}
+SLOW_TESTS = {  # single end-to-end tests in files that are otherwise fast
+    "test_the_checkers_kernel_sends_threads_subprocesses_and_late_callbacks_as_background",
+    "test_a_correct_notebook_with_background_output_gets_full_marks_and_the_same_rows",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark the end-to-end tests ``slow``: the files above, single tests, the browser tests."""
+    for item in items:
+        path = getattr(item, "path", None)
+        in_browser = path is not None and path.parent.name == "browser"
+        if ((path is not None and path.name in SLOW_FILES) or in_browser
+                or item.name.split("[")[0] in SLOW_TESTS
+                or item.get_closest_marker("browser") is not None):
+            item.add_marker(pytest.mark.slow)
