@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import mha_course
 from mha_course import checks
-from mha_course.checks import CheckFailed, lesson13, lesson13_decoding, properties
+from mha_course.checks import CheckFailed, drill, properties
 
 CHECKS = {
     "13.1": "check_head_scale", "13.2": "check_causal_off_by_one",
@@ -51,7 +51,8 @@ def test_the_notebook_has_every_exercise_and_every_check_is_exported():
     assert numbers == list(range(1, len(numbers) + 1)), "the drill's exercise ids have a gap"
     assert [ex for ex in CELLS if int(ex.split(".")[1]) <= 15] == list(CHECKS)
     assert set(CHECKS.values()) <= set(checks.__all__)
-    assert {n for n in lesson13.__all__ if n.startswith("check_")} == set(CHECKS.values())
+    assert {*drill.attention.__all__, *drill.decoding.__all__, *drill.timed_build.__all__} == set(
+        CHECKS.values())
     assert all("broken" in CELLS[ex] for ex in CHECKS if ex != "13.15")
 
 
@@ -59,10 +60,10 @@ def test_the_notebook_has_every_exercise_and_every_check_is_exported():
 BROKEN_PROPERTY = {
     "13.1": properties.HEADS, "13.2": properties.SELF, "13.3": properties.SUMS,
     "13.4": properties.FINITE, "13.5": properties.MASKED_ZERO, "13.6": properties.EQUIVARIANT,
-    "13.7": lesson13.FITS, "13.8": lesson13.EXPECTED, "13.9": properties.CACHED,
-    "13.10": lesson13_decoding.PROMPTS, "13.11": lesson13_decoding.GROUPS,
-    "13.12": lesson13_decoding.SHIFT, "13.13": lesson13_decoding.WINDOW,
-    "13.14": lesson13_decoding.MEASURED,
+    "13.7": drill.attention.FITS, "13.8": drill.attention.EXPECTED, "13.9": properties.CACHED,
+    "13.10": drill.decoding.PROMPTS, "13.11": drill.decoding.GROUPS,
+    "13.12": drill.decoding.SHIFT, "13.13": drill.decoding.WINDOW,
+    "13.14": drill.decoding.MEASURED,
 }
 
 
@@ -276,7 +277,7 @@ def mla_rope_key_per_head(config, seq_len, batch=1, bytes_per_value=2):
     return config["num_hidden_layers"] * d * seq_len * batch * bytes_per_value
 
 
-P, L9, D9 = properties, lesson13, lesson13_decoding
+P, L9, D9 = properties, drill.attention, drill.decoding
 WRONG_FIXES = [
     ("13.1", heads_by_model_width_over_h, P.HEADS, r"√\(d_model / h\)"),
     ("13.2", causal_tril_triu_swapped, P.CAUSAL, r"wrong way round \(tril and triu swapped"),

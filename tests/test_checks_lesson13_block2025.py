@@ -15,7 +15,7 @@ from drill_cells import define, drill_cells
 
 import mha_course
 from mha_course import checks
-from mha_course.checks import CheckFailed, lesson13_block2025, properties
+from mha_course.checks import CheckFailed, drill, properties
 
 CHECKS = {"13.25": "check_softcap_before_mask", "13.26": "check_per_head_qk_norm"}
 
@@ -31,11 +31,11 @@ def _define(source: str, prefix: str):
 CELLS = _cells()
 CORRECT_13_BLOCK2025 = {ex: (name, _define(CELLS[ex]["solution"], ""))
                         for ex, name in CHECKS.items()}
-BROKEN_PROPERTY = {"13.25": properties.MASKED_ZERO, "13.26": lesson13_block2025.PER_HEAD}
+BROKEN_PROPERTY = {"13.25": properties.MASKED_ZERO, "13.26": drill.block2025.PER_HEAD}
 
 
 def test_every_check_is_exported_and_has_a_broken_and_a_solved_version():
-    assert set(lesson13_block2025.__all__) == set(CHECKS.values())
+    assert set(drill.block2025.__all__) == set(CHECKS.values())
     assert set(CHECKS.values()) <= set(checks.__all__)
     assert all({"broken", "solution"} <= set(CELLS[ex]) for ex in CHECKS)
 

@@ -16,7 +16,7 @@ from drill_cells import define, drill_cells
 
 import mha_course
 from mha_course import checks
-from mha_course.checks import CheckFailed, lesson13_generation, properties
+from mha_course.checks import CheckFailed, drill, properties
 
 CHECKS = {"13.16": "check_nucleus", "13.17": "check_temperature",
           "13.18": "check_decode_offset"}
@@ -33,12 +33,12 @@ def _define(source: str, prefix: str):
 CELLS = _cells()
 CORRECT_13_GENERATION = {ex: (name, _define(CELLS[ex]["solution"], ""))
                          for ex, name in CHECKS.items()}
-BROKEN_PROPERTY = {"13.16": lesson13_generation.NUCLEUS,
-                   "13.17": lesson13_generation.TEMPERATURE, "13.18": properties.CACHED}
+BROKEN_PROPERTY = {"13.16": drill.generation.NUCLEUS,
+                   "13.17": drill.generation.TEMPERATURE, "13.18": properties.CACHED}
 
 
 def test_every_check_is_exported_and_has_a_broken_and_a_solved_version():
-    assert set(lesson13_generation.__all__) == set(CHECKS.values())
+    assert set(drill.generation.__all__) == set(CHECKS.values())
     assert set(CHECKS.values()) <= set(checks.__all__)
     assert all({"broken", "solution"} <= set(CELLS[ex]) for ex in CHECKS)
 

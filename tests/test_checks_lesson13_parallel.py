@@ -16,7 +16,7 @@ from drill_cells import define, drill_cells
 
 import mha_course
 from mha_course import checks
-from mha_course.checks import CheckFailed, lesson13_parallel
+from mha_course.checks import CheckFailed, drill
 from mha_course.parallel.collectives import Cluster
 
 CHECKS = {"13.22": "check_row_parallel_bias", "13.23": "check_packed_documents",
@@ -38,8 +38,8 @@ BROKEN = {ex: _define(CELLS[ex]["broken"], "buggy_") for ex in CHECKS}
 
 
 def test_every_check_of_part_three_is_an_exercise_here():
-    assert set(lesson13_parallel.__all__) == set(CHECKS.values())
-    assert set(lesson13_parallel.__all__) <= set(checks.__all__)
+    assert set(drill.parallel.__all__) == set(CHECKS.values())
+    assert set(drill.parallel.__all__) <= set(checks.__all__)
     assert sorted(CELLS) == sorted(CHECKS)
 
 
@@ -50,8 +50,8 @@ def test_the_solution_passes(ex, capsys):
     assert capsys.readouterr().out.startswith(f"Exercise {ex} passed: ")
 
 
-PROPERTY = {"13.22": lesson13_parallel.TP_EQUAL, "13.23": lesson13_parallel.DOCS,
-            "13.24": lesson13_parallel.MERGE}
+PROPERTY = {"13.22": drill.parallel.TP_EQUAL, "13.23": drill.parallel.DOCS,
+            "13.24": drill.parallel.MERGE}
 
 
 @pytest.mark.parametrize("ex", sorted(CHECKS))

@@ -18,13 +18,13 @@ import pytest
 from drill_cells import define, drill_cells
 
 from mha_course import checks
-from mha_course.checks import CheckFailed, lesson13_serving
+from mha_course.checks import CheckFailed, drill
 from mha_course.serving.decoder import ContiguousCache
 
 CHECKS = {"13.19": "check_prefix_keys", "13.20": "check_speculative_rollback",
           "13.21": "check_speculative_residual"}
-BROKEN_PROPERTY = {"13.19": lesson13_serving.PREFIX, "13.20": lesson13_serving.SPEC_GREEDY,
-                   "13.21": lesson13_serving.SPEC_SAMPLE}
+BROKEN_PROPERTY = {"13.19": drill.serving.PREFIX, "13.20": drill.serving.SPEC_GREEDY,
+                   "13.21": drill.serving.SPEC_SAMPLE}
 
 
 def _cells():
@@ -42,7 +42,7 @@ CORRECT_13_SERVING = {ex: (name, _define(CELLS[ex]["solution"], "")) for ex, nam
 def test_every_exercise_has_its_broken_code_and_solution_and_every_check_is_exported():
     assert sorted(CELLS) == sorted(CHECKS)
     assert all({"broken", "solution"} <= set(CELLS[ex]) for ex in CHECKS)
-    assert set(lesson13_serving.__all__) == set(CHECKS.values()) <= set(checks.__all__)
+    assert set(drill.serving.__all__) == set(CHECKS.values()) <= set(checks.__all__)
 
 
 @pytest.mark.parametrize("ex", sorted(CHECKS))
@@ -97,7 +97,7 @@ def keys_never_equal(tokens, bs):  # collision-free by construction, and never a
 
 
 def _speculative(target, draft, prompt, n_new, k, keep):
-    return lesson13_serving._speculative(target, draft, np.asarray(prompt), n_new, k, keep)
+    return drill.serving._speculative(target, draft, np.asarray(prompt), n_new, k, keep)
 
 
 def verify_from_p(p, q, x):
@@ -115,16 +115,16 @@ def verify_unnormalised(p, q, x):
 
 
 WRONG_FIXES = [
-    ("13.19", keys_with_the_index, lesson13_serving.PREFIX, "vllm-project/vllm PR #12603"),
-    ("13.19", keys_of_partial_blocks_too, lesson13_serving.FULL, "only the full blocks"),
-    ("13.19", keys_never_equal, lesson13_serving.HITS, None),
+    ("13.19", keys_with_the_index, drill.serving.PREFIX, "vllm-project/vllm PR #12603"),
+    ("13.19", keys_of_partial_blocks_too, drill.serving.FULL, "only the full blocks"),
+    ("13.19", keys_never_equal, drill.serving.HITS, None),
     ("13.20", functools.partial(_speculative, keep=lambda n, a: n + a),
-     lesson13_serving.SPEC_GREEDY, "lablup/mlxcel#994"),
-    ("13.20", functools.partial(_speculative, keep=lambda n, a: 0), lesson13_serving.SPEC_GREEDY,
+     drill.serving.SPEC_GREEDY, "lablup/mlxcel#994"),
+    ("13.20", functools.partial(_speculative, keep=lambda n, a: 0), drill.serving.SPEC_GREEDY,
      "paiml/aprender PR #2014"),
-    ("13.21", verify_from_p, lesson13_serving.SPEC_SAMPLE, "SafeAILab/EAGLE#329"),
-    ("13.21", verify_adjusting_one_token, lesson13_serving.SPEC_SAMPLE, "SafeAILab/EAGLE#20"),
-    ("13.21", verify_unnormalised, lesson13_serving.DIST, "normalise the residual"),
+    ("13.21", verify_from_p, drill.serving.SPEC_SAMPLE, "SafeAILab/EAGLE#329"),
+    ("13.21", verify_adjusting_one_token, drill.serving.SPEC_SAMPLE, "SafeAILab/EAGLE#20"),
+    ("13.21", verify_unnormalised, drill.serving.DIST, "normalise the residual"),
 ]
 
 
