@@ -242,10 +242,14 @@ def test_check_names_the_likely_mistake(check, wrong, pattern, capsys):
     assert capsys.readouterr().out == "", "a failing check prints nothing"
 
 
-def test_alibi_distances_counted_from_the_chunk_start_are_harmless():
+def test_alibi_distances_counted_from_the_chunk_start_are_harmless(capsys):
     """Shifting every query's position by S - T moves each bias row by a constant, which the
     softmax ignores: only the mask's alignment matters (the check passes such an answer)."""
+    q, k, v = (np.random.default_rng(0).normal(size=(4, 2, n, 3)) for n in (2, 5, 5))
+    shifted, right = _alibi(q, k, v, top_left=True), _alibi(q, k, v)
+    np.testing.assert_allclose(shifted[1], right[1], atol=1e-12)  # same weights: harmless
     checks.check_alibi_chunk_attention(lambda q, k, v: _alibi(q, k, v, top_left=True))
+    assert capsys.readouterr().out.startswith("Exercise 05.6 passed: ")
 
 
 def test_the_padded_heads_bug_raises_when_b_differs_from_h_and_the_hint_says_why():
