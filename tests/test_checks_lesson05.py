@@ -1,18 +1,20 @@
 """The checks of lesson 05: each passes a right answer and names each classic wrong one.
 
-The generic properties (one stable success line, the stub passes through as "not attempted", a
-``None`` or an exception becomes a failure) are tested in ``test_checks.py``, which takes lesson
-05's right answers from :data:`CORRECT_05` here.
+The generic contract (a right answer passes with one stable line, the stub's
+``NotImplementedError`` passes through as "not attempted", ``None`` and an unexpected
+exception fail) is bound to lesson 05's right answers, :data:`CORRECT_05`, by
+:class:`TestContract` here (``tests/check_contract.py``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from check_contract import CheckContract
 
 import mha_course
 from mha_course import checks
-from mha_course.checks import CheckFailed
+from mha_course.checks import CheckFailed, lesson05
 
 # ------------------------------------------------------------------ correct implementations
 
@@ -110,6 +112,10 @@ CORRECT_05 = {
     "05.5": ("check_padded_heads_attention", _padded_heads),
     "05.6": ("check_alibi_chunk_attention", _alibi),
 }
+
+
+class TestContract(CheckContract):
+    MODULE, CORRECT = lesson05, CORRECT_05
 
 
 # ------------------------------------------------------------------ the named mistakes
