@@ -20,8 +20,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from cli_helpers import CRASH, FIXTURES, GOOD, HANG, WRONG, run_cli
 from cli_helpers import make_class as load_make_class
-from cli_helpers import run_cli
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
 from jupyter_client.manager import KernelManager
 
@@ -40,13 +40,10 @@ from mha_course.grading.notebooks import ExerciseError, id_key, info, notebook_t
 from mha_course.grading.report import format_result
 
 ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = ROOT / "tests" / "data" / "solutions"
 SOLUTIONS = ROOT / "solutions"
 EXERCISES = ROOT / "exercises"
 ANSI = re.compile(r"\x1b\[")
 ANSI_CODE = re.compile(r"\x1b\[[0-9;]*m")
-
-
 
 
 def learner_copy(exercise_nb: Path, target: Path, answers: dict, outputs_from: Path | None = None):
@@ -65,12 +62,6 @@ def learner_copy(exercise_nb: Path, target: Path, answers: dict, outputs_from: P
     target.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, target)
     return target
-
-
-GOOD = {"98.1": "def double(x):\n    return x * 2", "98.2": "answer = 6 * 7\nprint('debug')"}
-WRONG = {"98.1": "def double(x):\n    print('debug')\n    return x + x + 1", "98.2": "answer = 42"}
-HANG = {"98.1": "def double(x):\n    while True:\n        pass", "98.2": "answer = 42"}
-CRASH = {"98.1": "import os\nos._exit(1)", "98.2": "answer = 42"}
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +141,6 @@ def test_generate_does_not_overwrite_a_learners_work_without_force(tmp_path):
 
 
 # ------------------------------------------------------------------------------------- check
-
 
 
 def test_stubs_are_not_attempted_and_solutions_pass(fixture_exercises):

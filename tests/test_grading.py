@@ -44,7 +44,7 @@ from mha_course.grading.outputs import backup, plan_outputs
 from mha_course.grading.verdicts import NotebookResult, Verdict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_exercise_tools import CRASH, FIXTURES, GOOD, HANG, WRONG, run_cli  # noqa: E402
+from cli_helpers import CRASH, FIXTURES, GOOD, HANG, WRONG, run_cli  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = ROOT / "solutions"
