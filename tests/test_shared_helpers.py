@@ -1,0 +1,110 @@
+"""The helpers the package keeps one copy of (issue 32 item 3): each one's behaviour, pinned,
+and the places that used to hold copies shown to call it.
+
+- the cross-entropy: :func:`mha_course.models.tiny_model.cross_entropy` (and its per-position
+  terms, :func:`~mha_course.models.tiny_model.token_losses`), used by the tiny model, the GPTs,
+  ``gpt_fast`` and lesson 09's per-head losses in ``text_heads``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mha_course.models.gpt import GPT, GPTConfig
+from mha_course.models.gpt_fast import fast_logits, fast_loss_and_grads
+from mha_course.models.text_heads import ablation_losses, per_position_losses
+from mha_course.models.tiny_model import cross_entropy, token_losses
+
+
+# ------------------------------------------------------------------------------ cross-entropy
+def _by_definition(logits, targets, weights):
+    """−Σ w log p[target] / Σ w, with p = exp(logits) / Σ exp(logits), in float64 loops."""
+    total, flat_l = 0.0, logits.reshape(-1, logits.shape[-1]).astype(np.float64)
+    flat_t, flat_w = targets.reshape(-1), weights.reshape(-1)
+    for row, t, w in zip(flat_l, flat_t, flat_w, strict=True):
+        total += -w * (row[t] - np.log(np.exp(row - row.max()).sum()) - row.max())
+    return total / flat_w.sum()
+
+
+@pytest.mark.parametrize("shape", [(7, 5), (2, 3, 5), (2, 2, 3, 4)])
+def test_cross_entropy_is_the_weighted_mean_of_minus_log_p_over_any_leading_axes(shape):
+    rng = np.random.default_rng(0)
+    logits = 3 * rng.normal(size=shape)
+    targets = rng.integers(0, shape[-1], size=shape[:-1])
+    weights = rng.integers(0, 2, size=shape[:-1]).astype(float)
+    weights.flat[0] = 1.0
+    loss, dlogits = cross_entropy(logits, targets, weights)
+    assert loss == pytest.approx(_by_definition(logits, targets, weights), rel=1e-12)
+    assert dlogits.shape == shape
+    # the gradient, by central differences on every logit
+    eps, numeric = 1e-6, np.zeros(shape)
+    for i in np.ndindex(shape):
+        up, down = logits.copy(), logits.copy()
+        up[i] += eps
+        down[i] -= eps
+        numeric[i] = (cross_entropy(up, targets, weights)[0]
+                      - cross_entropy(down, targets, weights)[0]) / (2 * eps)
+    np.testing.assert_allclose(dlogits, numeric, atol=1e-8)
+
+
+def test_cross_entropy_without_weights_scores_every_position():
+    rng = np.random.default_rng(1)
+    logits, targets = rng.normal(size=(6, 4)), rng.integers(0, 4, size=6)
+    loss, dlogits = cross_entropy(logits, targets)
+    want_loss, want_d = cross_entropy(logits, targets, np.ones(6))
+    assert loss == want_loss
+    np.testing.assert_array_equal(dlogits, want_d)
+    assert loss == pytest.approx(token_losses(logits, targets).mean(), rel=1e-14)
+
+
+def test_cross_entropy_keeps_float32_logits_in_float32():
+    logits = np.random.default_rng(2).normal(size=(8, 5)).astype(np.float32)
+    loss, dlogits = cross_entropy(logits, np.arange(8) % 5)
+    assert dlogits.dtype == np.float32
+    assert loss == pytest.approx(_by_definition(logits, np.arange(8) % 5, np.ones(8)), rel=1e-6)
+
+
+def test_token_losses_are_minus_log_p_of_each_target():
+    p = np.array([[0.5, 0.25, 0.25], [0.1, 0.1, 0.8]])
+    np.testing.assert_allclose(token_losses(np.log(p) + 4.0, np.array([1, 2])),
+                               [np.log(4), -np.log(0.8)], rtol=1e-14)
+    big = np.array([[0.0, -1000.0]])  # softmax underflows to [1, 0]: the loss is still 1000
+    assert token_losses(big, np.array([1]))[0] == pytest.approx(1000.0)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda f: f(np.zeros((2, 3, 4)), np.zeros((2, 2), dtype=int)),
+     r"logits has shape \(2, 3, 4\) and targets \(2, 2\); expected \(\.\.\., V\) and \(\.\.\.\)"),
+    (lambda f: f(np.zeros((2, 4)), np.array([0, 4])),
+     r"targets must be integers in 0 \.\. 3 \(V = 4\); got dtype int64, range 0 \.\. 4"),
+    (lambda f: f(np.zeros((2, 4)), np.array([-1, 0])), r"targets .*range -1 \.\. 0"),
+    (lambda f: f(np.zeros((2, 4)), np.array([0.0, 1.0])), r"targets .*got dtype float64"),
+])
+@pytest.mark.parametrize("func", [cross_entropy, token_losses])
+def test_cross_entropy_and_token_losses_refuse_targets_that_do_not_fit(func, call, message):
+    with pytest.raises(ValueError, match=rf"{func.__name__}: {message}"):
+        call(func)
+
+
+def test_cross_entropy_refuses_weights_of_another_shape():
+    with pytest.raises(ValueError, match=r"cross_entropy: logits \(2, 4\), targets \(2,\), "
+                                         r"weights \(3,\); expected \(\.\.\., V\), \(\.\.\.\), "
+                                         r"\(\.\.\.\)"):
+        cross_entropy(np.zeros((2, 4)), np.array([0, 1]), np.ones(3))
+
+
+def test_the_fast_path_and_the_per_head_losses_use_the_shared_cross_entropy():
+    model = GPT(GPTConfig(vocab_size=11, context_length=8, d_model=16, n_layers=2, h=2,
+                          n_kv_heads=1, d_ff=24), rng=0)
+    rng = np.random.default_rng(3)
+    x, y = rng.integers(0, 11, size=(2, 8)), rng.integers(0, 11, size=(2, 8))
+    logits = fast_logits(model, x)
+    loss, grads = fast_loss_and_grads(model, x, y)
+    assert loss == pytest.approx(cross_entropy(logits, y)[0], rel=1e-6)
+    assert loss == pytest.approx(model.loss(x, y), rel=1e-5)
+    np.testing.assert_allclose(per_position_losses(model, x, y), token_losses(logits, y),
+                               rtol=1e-6)
+    full, rise = ablation_losses(model, x, y)
+    assert full == pytest.approx(cross_entropy(logits, y)[0], rel=1e-12)
+    assert rise.shape == (2, 2)
