@@ -3,7 +3,10 @@ and the places that used to hold copies shown to call it.
 
 - the cross-entropy: :func:`mha_course.models.tiny_model.cross_entropy` (and its per-position
   terms, :func:`~mha_course.models.tiny_model.token_losses`), used by the tiny model, the GPTs,
-  ``gpt_fast`` and lesson 09's per-head losses in ``text_heads``.
+  ``gpt_fast`` and lesson 09's per-head losses in ``text_heads``;
+- the entropy of a distribution: :func:`mha_course.variants.entropy.attention_entropy`, used by
+  ``logit_control.logit_stats``, ``VariantGPT``'s per-head statistics, ``head_capacity`` and the
+  interview drill's temperature check.
 """
 
 from __future__ import annotations
@@ -11,10 +14,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from mha_course import softmax
 from mha_course.models.gpt import GPT, GPTConfig
 from mha_course.models.gpt_fast import fast_logits, fast_loss_and_grads
+from mha_course.models.gpt_variants import BlockVariant, VariantGPT
 from mha_course.models.text_heads import ablation_losses, per_position_losses
 from mha_course.models.tiny_model import cross_entropy, token_losses
+from mha_course.variants.entropy import attention_entropy
+from mha_course.variants.logit_control import logit_stats
 
 
 # ------------------------------------------------------------------------------ cross-entropy
@@ -108,3 +115,35 @@ def test_the_fast_path_and_the_per_head_losses_use_the_shared_cross_entropy():
     full, rise = ablation_losses(model, x, y)
     assert full == pytest.approx(cross_entropy(logits, y)[0], rel=1e-12)
     assert rise.shape == (2, 2)
+
+
+# ------------------------------------------------------------------------------------ entropy
+def test_attention_entropy_is_minus_sum_w_log_w_with_zero_log_zero_zero():
+    w = np.array([[1.0, 0.0, 0.0, 0.0], [0.25, 0.25, 0.25, 0.25], [0.5, 0.5, 0.0, 0.0]])
+    np.testing.assert_allclose(attention_entropy(w), [0.0, np.log(4), np.log(2)], atol=1e-15)
+    np.testing.assert_allclose(attention_entropy(w.T, axis=0), attention_entropy(w))
+    sub = np.array([[0.3, 0.2]])  # a row with a sink: taken as it is
+    assert attention_entropy(sub)[0] == pytest.approx(-(0.3 * np.log(0.3) + 0.2 * np.log(0.2)))
+    with pytest.raises(ValueError, match=r"attention_entropy: weights holds a negative entry"):
+        attention_entropy(np.array([0.5, -0.1, 0.6]))
+
+
+def test_logit_stats_entropy_is_the_mean_attention_entropy_of_the_live_rows():
+    rng = np.random.default_rng(4)
+    scores = 2 * rng.normal(size=(2, 3, 5, 5))  # (B, h, T, S)
+    mask = np.tril(np.ones((5, 5), dtype=bool))
+    got = logit_stats(scores, mask)["entropy"]
+    want = attention_entropy(softmax(scores, mask=mask)).mean(axis=(0, 2))  # (h,)
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def test_variant_gpt_entropy_counts_the_sink_as_one_more_outcome():
+    config = GPTConfig(vocab_size=11, d_model=16, n_layers=2, h=4, n_kv_heads=2)
+    model = VariantGPT(config, BlockVariant(sinks=True), rng=0)
+    tokens = np.random.default_rng(5).integers(0, 11, size=(2, 6))
+    _, stats = model.forward(tokens, stats=True)
+    for w, block in zip(model.attention_weights(tokens), stats, strict=True):  # (B, h, T, T)
+        with_sink = np.concatenate([w, 1.0 - w.sum(axis=-1, keepdims=True)], axis=-1)
+        np.testing.assert_allclose(block["entropy"],
+                                   attention_entropy(with_sink).mean(axis=(0, 2)), rtol=1e-10)
+        assert (block["sink_mass"] > 0).all()
