@@ -6,15 +6,24 @@ and the places that used to hold copies shown to call it.
   ``gpt_fast`` and lesson 09's per-head losses in ``text_heads``;
 - the entropy of a distribution: :func:`mha_course.variants.entropy.attention_entropy`, used by
   ``logit_control.logit_stats``, ``VariantGPT``'s per-head statistics, ``head_capacity`` and the
-  interview drill's temperature check.
+  interview drill's temperature check;
+- ``figure_png`` (:mod:`mha_course.widgets.plotting`), every widget's PNG, the head viewer's too;
+- ``fmt_shape`` (:mod:`mha_course._validate`), which the checks' harness re-exports.
 """
 
 from __future__ import annotations
 
+import io
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+import mha_course
 from mha_course import softmax
+from mha_course._validate import fmt_shape
+from mha_course.checks import harness
 from mha_course.models.gpt import GPT, GPTConfig
 from mha_course.models.gpt_fast import fast_logits, fast_loss_and_grads
 from mha_course.models.gpt_variants import BlockVariant, VariantGPT
@@ -22,6 +31,8 @@ from mha_course.models.text_heads import ablation_losses, per_position_losses
 from mha_course.models.tiny_model import cross_entropy, token_losses
 from mha_course.variants.entropy import attention_entropy
 from mha_course.variants.logit_control import logit_stats
+from mha_course.widgets import cache_memory, explorer, head_viewer, stepper, tile_stepper
+from mha_course.widgets.plotting import figure_png
 
 
 # ------------------------------------------------------------------------------ cross-entropy
@@ -147,3 +158,41 @@ def test_variant_gpt_entropy_counts_the_sink_as_one_more_outcome():
         np.testing.assert_allclose(block["entropy"],
                                    attention_entropy(with_sink).mean(axis=(0, 2)), rtol=1e-10)
         assert (block["sink_mass"] > 0).all()
+
+
+# ------------------------------------------------------------------- figure_png and fmt_shape
+@pytest.mark.parametrize("dpi", [90, 100])
+def test_figure_png_renders_the_figure_at_its_size_times_the_dpi(dpi):
+    from matplotlib.figure import Figure
+    from PIL import Image
+
+    fig = Figure(figsize=(2.0, 1.5))
+    fig.add_subplot().plot([0, 1], [1, 0])
+    png = figure_png(fig, dpi=dpi)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert Image.open(io.BytesIO(png)).size == (round(2.0 * dpi), round(1.5 * dpi))
+
+
+def test_every_widget_renders_with_the_one_figure_png():
+    for module in (explorer, stepper, tile_stepper, cache_memory):
+        assert module.figure_png is figure_png, module.__name__
+    assert not hasattr(head_viewer, "figure_png")
+
+
+@pytest.mark.parametrize("shape, text", [((), "()"), ((3,), "(3,)"), ((5, 6), "(5, 6)"),
+                                         (np.zeros((2, 1, 4)).shape, "(2, 1, 4)"),
+                                         ([np.int64(7), 2], "(7, 2)")])
+def test_fmt_shape_prints_a_shape_as_python_prints_a_tuple(shape, text):
+    assert fmt_shape(shape) == text
+    assert harness.fmt_shape is fmt_shape  # the checks' messages use the same one
+
+
+# ----------------------------------------------------------------------- one definition each
+@pytest.mark.parametrize("name", ["cross_entropy", "token_losses", "attention_entropy",
+                                  "figure_png", "fmt_shape"])
+def test_the_package_defines_each_shared_helper_once(name):
+    root = Path(mha_course.__file__).parent
+    where = [f"{path.relative_to(root)}:{n}" for path in sorted(root.rglob("*.py"))
+             for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+             if re.match(rf"\s*def {name}\(", line)]
+    assert len(where) == 1, where
