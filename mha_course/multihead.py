@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._validate import as_float_array, fail, fmt_shape, validate_mask, validate_shape
-from .attention import scaled_dot_product_attention, validate_scale
+from .attention import causal_mask, scaled_dot_product_attention, validate_scale
 from .backward import SavedActivations, backward
 from .heads import (
     fuse_per_head,
@@ -36,6 +36,53 @@ from .heads import (
 )
 from .kv_cache import KVCache
 from .positions import apply_rope, validate_layout
+
+
+def attend_heads(q, k, v, mask=None, scale=None):
+    """Scaled dot-product attention of ``h`` query heads over ``g`` key/value heads.
+
+    The one place the layer calls :func:`~mha_course.scaled_dot_product_attention` (its forward,
+    its cached :meth:`~MultiHeadAttention.step`, and the serving wing's caches all attend
+    through here). With ``g = h`` (the standard layer, lesson 04) the heads attend as they are,
+    4-D; with ``g < h`` (GQA, lesson 06) the query heads are grouped with
+    :func:`~mha_course.heads.group_heads`, each group against its one K/V head (broadcast views,
+    never a copy of K or V), and ungrouped again.
+
+    Parameters
+    ----------
+    q : ndarray, shape (..., h, T, d_k)
+    k : ndarray, shape (..., g, S, d_k)
+        ``g`` divides ``h``; query head ``i`` reads K/V head ``i // (h // g)``.
+    v : ndarray, shape (..., g, S, d_v)
+    mask : ndarray of bool, broadcastable to (..., T, S), optional
+        The same for every head (trusted: callers validate it).
+    scale : float, optional
+        None: ``1/√d_k``.
+
+    Returns
+    -------
+    heads : ndarray, shape (..., h, T, d_v)
+    weights : ndarray, shape (..., h, T, S)
+
+    Examples
+    --------
+    >>> q, k = np.ones((4, 3, 2)), np.ones((2, 5, 2))
+    >>> [a.shape for a in attend_heads(q, k, k)]
+    [(4, 3, 2), (4, 3, 5)]
+    """
+    g = k.shape[-3]
+    if g == q.shape[-3]:  # no grouping: every query head has its own K/V head
+        m = None if mask is None else np.asarray(mask)[..., None, :, :]  # (..., 1, T, S)
+        return scaled_dot_product_attention(q, k, v, mask=m, scale=scale)
+    m = None if mask is None else np.asarray(mask)[..., None, None, :, :]  # (..., 1, 1, T, S)
+    heads, weights = scaled_dot_product_attention(
+        group_heads(q, g),  # (..., g, h/g, T, d_k)
+        kv_for_groups(k),  # (..., g, 1, S, d_k)
+        kv_for_groups(v),  # (..., g, 1, S, d_v)
+        mask=m,
+        scale=scale,
+    )  # -> (..., g, h/g, T, d_v), (..., g, h/g, T, S)
+    return ungroup_heads(heads), ungroup_heads(weights)  # (..., h, T, d_v | S)
 
 
 class MultiHeadAttention:
@@ -317,29 +364,17 @@ class MultiHeadAttention:
                        f"scale={self.scale!r}: build it with scale=None to train it by hand")
         x, kv_input, mask = self.validate_inputs(x, context, mask)
         dtype = np.result_type(x, kv_input)
-        h, g = self.h, self.n_kv_heads
-        q = split_heads(project(x, self.W_q, self.b_q, dtype), h)  # (..., h, T, d_k)
-        k = split_heads(project(kv_input, self.W_k, self.b_k, dtype), g)  # (..., g, S, d_k)
-        v = split_heads(project(kv_input, self.W_v, self.b_v, dtype), g)  # (..., g, S, d_v)
-        if self.rope is not None:  # rotate queries and keys by their positions, never values
-            q = apply_rope(q, base=self.rope_base, layout=self.rope)  # (..., h, T, d_k)
-            k = apply_rope(k, base=self.rope_base, layout=self.rope)  # (..., g, S, d_k)
-        # GQA: the query heads in g groups, each against its one K/V head (broadcast views;
-        # with g = h, the standard layer, every group holds one head).
-        heads, weights = scaled_dot_product_attention(
-            group_heads(q, g),  # (..., g, h/g, T, d_k)
-            kv_for_groups(k),  # (..., g, 1, S, d_k)
-            kv_for_groups(v),  # (..., g, 1, S, d_v)
-            mask=mask,  # (..., 1, 1, T, S)
-            scale=self.scale,  # None: 1/√d_k
-        )  # -> (..., g, h/g, T, d_v), (..., g, h/g, T, S)
-        heads, weights = ungroup_heads(heads), ungroup_heads(weights)  # (..., h, T, d_v | S)
+        mask = None if mask is None else mask[..., 0, 0, :, :]  # (..., T, S)
+        q, k, v = self._heads(*self._project(x, kv_input, dtype))  # (..., h | g, T | S, d)
+        q, k = self._rope(q), self._rope(k)  # RoPE on queries and keys, never values
+        heads, weights = attend_heads(q, k, v, mask, self.scale)  # (..., h, T, d_v | S)
         concat = merge_heads(heads)  # (..., h, T, d_v) -> (..., T, h*d_v)
-        out = project(concat, self.W_o, self.b_o, dtype)  # (..., T, h*d_v) -> (..., T, d_model)
+        out = self._output(concat, dtype)  # (..., T, h*d_v) -> (..., T, d_model)
         if return_cache:
             params = {name: p.astype(dtype, copy=False) for name, p in self.parameters().items()}
             saved_context = None if context is None else kv_input
-            return out, SavedActivations(self, x, saved_context, mask, q, k, v, weights,
+            saved_mask = None if mask is None else mask[..., None, :, :]  # (..., 1, T, S)
+            return out, SavedActivations(self, x, saved_context, saved_mask, q, k, v, weights,
                                          concat, params, dtype)
         return out, weights
 
@@ -380,16 +415,113 @@ class MultiHeadAttention:
         """
         return KVCache(self, batch_shape, max_len, dtype=dtype, window=window)
 
-    def decode_step(self, x_t, cache):
-        """Attend from one new position to itself and every earlier one, using ``cache``.
+    # --------------------------------------- the pieces forward and step are built from
+    def _project(self, x, kv_input, dtype):
+        """``x W_q + b_q``, ``kv_input W_k + b_k``, ``kv_input W_v + b_v`` in ``dtype``: shapes
+        (..., T, h*d_k), (..., S, g*d_k), (..., S, g*d_v). Rows are independent, so a server may
+        pass every sequence's tokens as one (N, d_model) matrix."""
+        return (project(x, self.W_q, self.b_q, dtype),
+                project(kv_input, self.W_k, self.b_k, dtype),
+                project(kv_input, self.W_v, self.b_v, dtype))
 
-        The forward pass's pieces on one token: project it, append its key and value (one per
-        K/V head) to ``cache``, attend its query over all ``L`` cached positions (no mask is
-        needed: every cached key is at or before the new token), merge the heads, ``W_o``.
-        Decoding T tokens one at a time gives the rows of ``forward(x, mask=causal_mask(T))``
-        (with a rolling ``window``: of ``sliding_window_mask(T, window)``), at
-        O(d_model² + L·d_model) per step. With RoPE the new token sits at position
-        ``cache.tokens_seen``, the number of tokens before it.
+    def _heads(self, q, k, v):
+        """Split the projections into heads: (..., h, T, d_k), (..., g, S, d_k | d_v)."""
+        g = self.n_kv_heads
+        return split_heads(q, self.h), split_heads(k, g), split_heads(v, g)
+
+    def _rope(self, x, positions=None):
+        """RoPE on queries or keys (..., n, T, d_k) at ``positions`` (T,) (default 0..T-1);
+        ``x`` itself when the layer has no RoPE."""
+        if self.rope is None:
+            return x
+        return apply_rope(x, positions, base=self.rope_base, layout=self.rope)
+
+    def _output(self, concat, dtype):
+        """``concat W_o + b_o``: (..., T, h*d_v) -> (..., T, d_model) in ``dtype``."""
+        return project(concat, self.W_o, self.b_o, dtype)
+
+    def _attend_cached(self, q, k, v, cache):
+        """The middle of :meth:`step`: the chunk's unrotated heads q (..., h, T, d_k),
+        k (..., g, T, d_k), v (..., g, T, d_v) -> heads (..., h, T, d_v), weights (..., h, T, L).
+
+        Rotates q and k at the chunk's positions (after the ``cache.tokens_seen`` already
+        cached), appends k and v to ``cache`` (trusted: the caller checked its room), and attends
+        over all ``L`` cached positions under the bottom-right causal mask (T, L).
+        """
+        T = q.shape[-2]
+        positions = cache.tokens_seen + np.arange(T)
+        q, k = self._rope(q, positions), self._rope(k, positions)
+        cache.append(k, v)  # keys (..., g, L, d_k), values (..., g, L, d_v)
+        # chunk position t is cache position L - T + t; one new token sees every cached one
+        mask = causal_mask(T, len(cache)) if T > 1 else None
+        heads, weights = attend_heads(q, cache.keys, cache.values, mask, self.scale)
+        return heads, cache.oldest_first(weights)  # a rolling buffer's slots in position order
+
+    # ------------------------------------------------------------------ decoding with a cache
+    def step(self, x, cache):
+        """Attend from a chunk of ``T >= 1`` new positions over ``cache`` and themselves.
+
+        The one cached path: a prompt at once (prefill), one token (decode, :meth:`decode_step`),
+        or ``k`` drafted tokens that a target model verifies in one pass (speculative decoding).
+        Built from :meth:`forward`'s pieces: project (with the biases), split heads, RoPE at the
+        chunk's positions ``L0 .. L0 + T - 1`` (``L0 = cache.tokens_seen``), append the chunk's
+        keys and values to ``cache``, :func:`attend_heads` over all ``L = L0 + T`` cached
+        positions under the bottom-right :func:`~mha_course.causal_mask` (T, L) (chunk position
+        ``t`` sees the cache and the chunk up to itself), merge heads, ``W_o``. Stepping through
+        a sequence in chunks of any sizes gives the rows of ``forward(x, mask=causal_mask(T))``.
+
+        Parameters
+        ----------
+        x : ndarray of float, shape (..., T, d_model)
+            The chunk's input; ``...`` must be the cache's ``batch_shape``.
+        cache : KVCache
+            From this layer's :meth:`init_cache`; updated in place. A rolling ``window`` takes
+            one token at a time (``T = 1``).
+
+        Returns
+        -------
+        out : ndarray, shape (..., T, d_model)
+        weights : ndarray, shape (..., h, T, L)
+            Every head's weights over the ``L = len(cache)`` cached positions, oldest first.
+
+        Raises
+        ------
+        ValueError
+            If ``x`` has the wrong width or batch axes or is not float; if ``cache`` is not a
+            KVCache of this layer, has no room for ``T`` more positions, or has a rolling window
+            and ``T > 1``. The cache is then left unchanged.
+
+        Examples
+        --------
+        >>> from mha_course import causal_mask
+        >>> mha = MultiHeadAttention(8, 4, n_kv_heads=2, bias=True, rope="half", rng=0)
+        >>> x = np.random.default_rng(0).normal(size=(5, 8))
+        >>> cache = mha.init_cache()
+        >>> prefill, _ = mha.step(x[:3], cache)       # a prompt of 3
+        >>> decode, weights = mha.step(x[3:4], cache)  # then one token
+        >>> full, _ = mha(x, mask=causal_mask(5))
+        >>> bool(np.allclose(np.concatenate([prefill, decode]), full[:4])), weights.shape
+        (True, (4, 1, 4))
+        """
+        x = self._validate_step("MultiHeadAttention.step", x, cache)
+        return self._step(x, cache)
+
+    def _step(self, x, cache):
+        """:meth:`step` on trusted input."""
+        q, k, v = self._heads(*self._project(x, x, x.dtype))  # (..., h | g, T, d_k | d_v)
+        heads, weights = self._attend_cached(q, k, v, cache)  # (..., h, T, d_v | L)
+        # (..., h, T, d_v) -> (..., T, h*d_v) -> (..., T, d_model), in the cache's dtype if wider
+        return self._output(merge_heads(heads), heads.dtype), weights
+
+    def decode_step(self, x_t, cache):
+        """:meth:`step` for one new position (``T = 1``), as lesson 06 decodes.
+
+        Project the new token, append its key and value (one per K/V head) to ``cache``, attend
+        its query over all ``L`` cached positions (no mask is needed: every cached key is at or
+        before the new token), merge the heads, ``W_o``. Decoding T tokens one at a time gives
+        the rows of ``forward(x, mask=causal_mask(T))`` (with a rolling ``window``: of
+        ``sliding_window_mask(T, window)``), at O(d_model² + L·d_model) per step. With RoPE the
+        new token sits at position ``cache.tokens_seen``, the number of tokens before it.
 
         Parameters
         ----------
@@ -421,31 +553,12 @@ class MultiHeadAttention:
         >>> out_t.shape, weights_t.shape
         ((1, 8), (2, 1, 3))
         """
-        x_t = self._validate_step(x_t, cache)
-        h, g, dtype = self.h, self.n_kv_heads, x_t.dtype
-        q = split_heads(project(x_t, self.W_q, self.b_q, dtype), h)  # (..., h, 1, d_k)
-        k = split_heads(project(x_t, self.W_k, self.b_k, dtype), g)  # (..., g, 1, d_k)
-        v = split_heads(project(x_t, self.W_v, self.b_v, dtype), g)  # (..., g, 1, d_v)
-        if self.rope is not None:  # the new token's position: the tokens already seen
-            position = np.array([cache.tokens_seen])
-            q = apply_rope(q, position, base=self.rope_base, layout=self.rope)
-            k = apply_rope(k, position, base=self.rope_base, layout=self.rope)
-        cache.append(k, v)  # keys (..., g, L, d_k), values (..., g, L, d_v)
-        heads, weights = scaled_dot_product_attention(
-            group_heads(q, g),  # (..., g, h/g, 1, d_k)
-            kv_for_groups(cache.keys),  # (..., g, 1, L, d_k)
-            kv_for_groups(cache.values),  # (..., g, 1, L, d_v)
-            scale=self.scale,
-        )  # -> (..., g, h/g, 1, d_v), (..., g, h/g, 1, L)
-        heads, weights = ungroup_heads(heads), ungroup_heads(weights)  # (..., h, 1, d_v | L)
-        weights = cache.oldest_first(weights)  # a rolling buffer's slots in position order
-        # (..., h, 1, d_v) -> (..., 1, h*d_v) -> (..., 1, d_model), in the cache's dtype if wider
-        out = project(merge_heads(heads), self.W_o, self.b_o, heads.dtype)
-        return out, weights
+        return self._step(self._validate_step("MultiHeadAttention.decode_step", x_t, cache,
+                                              one=True), cache)
 
-    def _validate_step(self, x_t, cache) -> np.ndarray:
-        """:meth:`decode_step`'s input validation; the cache is not touched when it fails."""
-        func = "MultiHeadAttention.decode_step"
+    def _validate_step(self, func, x, cache, one=False) -> np.ndarray:
+        """:meth:`step`'s input validation (``one``: :meth:`decode_step`'s single position);
+        the cache is not touched when it fails."""
         if not isinstance(cache, KVCache):
             raise fail(
                 func,
@@ -458,21 +571,25 @@ class MultiHeadAttention:
                 f"cache was made by another layer ({cache.layer!r}); each layer needs its own "
                 "cache: make one with this layer's init_cache()",
             )
-        x_t = as_float_array(func, "x_t", x_t)
+        name, T = ("x_t", "1") if one else ("x", "T")
+        x = as_float_array(func, name, x)
         d_model = self.d_model
-        validate_shape(func, "x_t", x_t, ("1", "d_model"), {"d_model": (d_model, "the layer")})
-        batch = x_t.shape[:-2]
-        if x_t.shape[-2] != 1 or batch != cache.batch_shape:
+        validate_shape(func, name, x, (T, "d_model"), {"d_model": (d_model, "the layer")})
+        batch = x.shape[:-2]
+        if (one and x.shape[-2] != 1) or batch != cache.batch_shape:
             also = "" if batch == cache.batch_shape else (
                 f"... = {fmt_shape(cache.batch_shape)} (from the cache), "
             )
             raise fail(
                 func,
-                f"x_t has shape {fmt_shape(x_t.shape)}; expected (..., 1, d_model) with "
+                f"{name} has shape {fmt_shape(x.shape)}; expected (..., {T}, d_model) with "
                 f"{also}d_model={d_model} (from the layer)",
             )
-        cache.require_room(1, func)  # before anything is computed or stored
-        return x_t
+        if cache.window is not None and x.shape[-2] > 1:
+            raise fail(func, f"the cache has a rolling window={cache.window}; it takes one "
+                             f"token at a time, and x has T={x.shape[-2]}")
+        cache.require_room(x.shape[-2], func)  # before anything is computed or stored
+        return x
 
     def backward(self, grad_out, saved) -> dict[str, np.ndarray]:
         """Gradients of a loss with respect to the inputs and every parameter.

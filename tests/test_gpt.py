@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from mha_course import gradient_check
-from mha_course.chunked import attend_chunk
 from mha_course.models.gpt import GPT, GPTConfig, swiglu_width
 from mha_course.models.gpt_fast import fast_logits, fast_loss_and_grads
 
@@ -184,16 +183,16 @@ def test_cached_steps_equal_the_uncached_forward(chunks):
     assert [len(c) for c in caches] == [7, 7]
 
 
-def test_attend_chunk_equals_decode_step_for_one_token():
+def test_a_chunk_step_equals_decode_steps_one_token_at_a_time():
     model = small_model()
     layer = model.blocks[0]
     x = np.random.default_rng(3).normal(size=(2, 4, 24))
     c1, c2 = layer.init_cache((2,)), layer.init_cache((2,))
-    out_chunk, w_chunk = attend_chunk(layer, x[:, :3], c1)
+    out_chunk, w_chunk = layer.step(x[:, :3], c1)
     for t in range(3):
         out_t, w_t = layer.decode_step(x[:, t : t + 1], c2)
         np.testing.assert_allclose(out_chunk[:, t : t + 1], out_t, atol=1e-13)
-    out_last, w_last = attend_chunk(layer, x[:, 3:], c1)
+    out_last, w_last = layer.step(x[:, 3:], c1)
     out_t, w_t = layer.decode_step(x[:, 3:], c2)
     np.testing.assert_allclose(out_last, out_t, atol=1e-13)
     np.testing.assert_allclose(w_last, w_t, atol=1e-13)

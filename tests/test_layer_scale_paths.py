@@ -1,5 +1,5 @@
 """A layer's own score scale (Gemma 2's query_pre_attn_scalar**-0.5) on every path over its weights:
-the chunked path applies it and equals forward; the paths that assume 1/sqrt(d_k) refuse the layer
+the layer's step applies it and equals forward; the paths that assume 1/sqrt(d_k) refuse the layer
 with an error that names them, instead of returning another layer's output."""
 
 import numpy as np
@@ -7,7 +7,6 @@ import pytest
 
 from mha_course import MultiHeadAttention, causal_mask
 from mha_course.backward import backward
-from mha_course.chunked import attend_chunk
 from mha_course.lean import lean_forward
 from mha_course.parallel.tensor import TensorParallelAttention
 from mha_course.serving.decoder import DecoderLayer
@@ -24,8 +23,8 @@ def test_chunked_prefill_and_decode_apply_the_layer_scale_and_equal_forward():
     x = np.random.default_rng(0).normal(size=(2, 7, 12))
     full, _ = layer.forward(x, mask=causal_mask(7))
     cache = layer.init_cache(batch_shape=(2,), max_len=7)
-    first, _ = attend_chunk(layer, x[:, :4], cache)
-    rest, _ = attend_chunk(layer, x[:, 4:], cache)
+    first, _ = layer.step(x[:, :4], cache)
+    rest, _ = layer.step(x[:, 4:], cache)
     np.testing.assert_allclose(np.concatenate([first, rest], axis=1), full, atol=1e-12)
     plain = MultiHeadAttention(d_model=12, h=6, n_kv_heads=2, bias=True, rope="half", rng=3)
     assert not np.allclose(plain.forward(x, mask=causal_mask(7))[0], full), \

@@ -20,6 +20,7 @@ from mha_course import (
     scaled_dot_product_attention,
     split_heads,
 )
+from mha_course.multihead import attend_heads
 
 moderate = st.floats(-2, 2, allow_nan=False, allow_infinity=False)
 small = st.integers(1, 4)
@@ -385,27 +386,39 @@ def test_generator_is_accepted_as_rng():
 
 
 # ------------------------------------------------------------------------ one attention path
-def test_forward_and_decode_step_attend_through_scaled_dot_product_attention(rng, monkeypatch):
-    """The layer is composed of the lessons' pieces: every forward and every decoding step goes
-    through the one scaled_dot_product_attention (lesson 03), whose output it returns."""
+@pytest.mark.parametrize("g", [1, 2, 4])
+def test_attend_heads_reads_kv_head_i_over_h_by_g_for_query_head_i(rng, g):
+    """The one GQA grouping: query head i attends with K/V head i // (h/g), each head alone
+    through scaled_dot_product_attention (lesson 03), under the same mask."""
+    h = 4
+    q, k, v = rng.normal(size=(B, h, T, 3)), rng.normal(size=(B, g, T, 3)), rng.normal(
+        size=(B, g, T, 5))
+    heads, weights = attend_heads(q, k, v, causal_mask(T))
+    for i in range(h):
+        want, want_w = scaled_dot_product_attention(q[:, i], k[:, i // (h // g)],
+                                                    v[:, i // (h // g)], mask=causal_mask(T))
+        np.testing.assert_allclose(heads[:, i], want, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(weights[:, i], want_w, rtol=1e-12, atol=1e-12)
+
+
+def test_forward_and_every_step_attend_through_attend_heads(rng, monkeypatch):
+    """One attention path: forward, step and decode_step all call attend_heads once per call
+    and return what it returns."""
     calls = []
-    real = multihead_module.scaled_dot_product_attention
+    real = multihead_module.attend_heads
 
-    def spy(q, k, v, mask=None, *, scale=None):
-        calls.append((q.shape, k.shape, None if mask is None else np.shape(mask)))
-        return real(q, k, v, mask=mask, scale=scale)
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(multihead_module, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(multihead_module, "attend_heads", spy)
     layer = conftest.random_layer(rng, d_model=12, h=4, n_kv_heads=2)
     x = rng.normal(size=(B, T, 12))
     layer(x, mask=causal_mask(T))
-    # query heads grouped (B, g, h/g, T, d_k) against K/V heads (B, g, 1, S, d_k)
-    assert calls == [((B, 2, 2, T, 3), (B, 2, 1, T, 3), (1, 1, T, T))]
     cache = layer.init_cache(batch_shape=(B,))
-    layer.decode_step(x[:, :1], cache)
-    layer.decode_step(x[:, 1:2], cache)
-    assert calls[1:] == [((B, 2, 2, 1, 3), (B, 2, 1, 1, 3), None),
-                         ((B, 2, 2, 1, 3), (B, 2, 1, 2, 3), None)]
+    layer.step(x[:, :2], cache)
+    layer.decode_step(x[:, 2:3], cache)
+    assert len(calls) == 3
 
 
 # ------------------------------------------------------------------------- the score scale

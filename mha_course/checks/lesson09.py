@@ -329,8 +329,8 @@ def check_decode_positions(fn) -> None:
         got = call(ex, fn, (model, prompt, n_new), ("model", "prompt", "n_new"),
                    forbid={**{f"mha_course.models.gpt.GPT.{m}": "fix the colleague's loop, "
                               "not replace it by the model's own" for m in GPT_CALLS},
-                           "mha_course.chunked.attend_chunk": "fix the colleague's loop, not "
-                           "replace it by the package's"})
+                           "mha_course.MultiHeadAttention.step": "fix the colleague's loop, not "
+                           "replace it by the layer's"})
         label = f"for a prompt of {T0} tokens and {n_new} new ones"
         got = _ids(ex, got, want.shape, f"your tokens {label}")
         if (got == want).all():

@@ -49,7 +49,8 @@ rope="half", rope_base=10000.0, eps=1e-5)``
     One cache per block. ``model.step(tokens_chunk, caches)`` -> logits (..., T, V) for a chunk
     of any length ``T >= 1`` (a prefill, one decode step, or ``k`` drafted tokens to verify),
     at positions offset by what the caches hold; equal to the matching rows of the uncached
-    forward (:func:`mha_course.chunked.attend_chunk` is the attention of one block).
+    forward (:meth:`MultiHeadAttention.step <mha_course.MultiHeadAttention.step>` is the
+    attention of one block).
 ``model.generate(prompt, n_new, temperature=1.0, top_k=None, top_p=None, rng=None,
 use_cache=True)``
     The prompt followed by ``n_new`` tokens (:func:`mha_course.models.sampling.next_token`).
@@ -71,7 +72,6 @@ import numpy as np
 from .._validate import fail, validate_positive_int
 from ..attention import causal_mask
 from ..block import rms_norm, rms_norm_backward, swiglu, swiglu_backward
-from ..chunked import attend_chunk
 from ..heads import merge_heads, project, split_heads
 from ..kv_cache import KVCache
 from ..multihead import MultiHeadAttention
@@ -365,7 +365,7 @@ class GPT:
         """
         func = "GPT.step"
         if len(caches) != len(self.blocks) or any(
-                not isinstance(cc, KVCache) or cc.layer is not attn
+                not isinstance(cc, KVCache) or cc.layer is not attn or cc.window is not None
                 for cc, attn in zip(caches, self.blocks, strict=False)):
             raise fail(func, "caches must be this model's init_cache() (one per block)")
         L0 = caches[0].tokens_seen
@@ -379,7 +379,7 @@ class GPT:
         c = self.config
         x = self.W_E[tokens]  # (..., T, d_model)
         for attn, p, cache in zip(self.blocks, self.mlp, caches, strict=True):
-            out, _ = attend_chunk(attn, rms_norm(x, p["attn_norm"], c.eps), cache)
+            out, _ = attn._step(rms_norm(x, p["attn_norm"], c.eps), cache)
             x = x + out
             x = x + swiglu(rms_norm(x, p["mlp_norm"], c.eps), p["W_gate"], p["W_up"],
                            p["W_down"])
