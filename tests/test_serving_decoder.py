@@ -151,15 +151,15 @@ def test_biases_reach_every_path_as_they_reach_forward():
 def test_step_batch_multiplies_each_weight_once_as_a_2d_product(monkeypatch):
     # the docstring's "one 2-d matrix product per weight": every product step_batch makes
     # has a 2-d left operand with B·T rows (attention's batched products aside)
-    import mha_course.serving.decoder as decoder_module
+    import mha_course.multihead as multihead_module
 
-    shapes, plain = [], decoder_module.linear
+    shapes, plain = [], multihead_module.project
 
-    def spy(x, W, b=None):
+    def spy(x, W, b, dtype):
         shapes.append(x.shape)
-        return plain(x, W, b)
+        return plain(x, W, b, dtype)
 
-    monkeypatch.setattr(decoder_module, "linear", spy)
+    monkeypatch.setattr(multihead_module, "project", spy)
     tokens = np.random.default_rng(2).integers(0, DEC.vocab, (5, 1))
     DEC.step_batch(tokens, ContiguousCache(DEC, batch=5))
     assert shapes and all(s == (5, DEC.d_model) for s in shapes)

@@ -14,15 +14,18 @@ ways:
   ``MultiHeadAttention.forward`` with a causal mask (the reference);
 - :meth:`Decoder.step` / :meth:`Decoder.step_many`: new tokens over a cache. Every layer
   projects the new tokens of *all* sequences in one matrix product (a server's flattened batch)
-  and hands each sequence's queries, keys and values to that sequence's cache, which stores
-  them and attends (``cache.attend``). Any object with ``length`` (positions already stored),
+  (the layer's own projection, ``MultiHeadAttention._project``) and hands each sequence's
+  queries, keys and values to that sequence's cache, which stores them and attends
+  (``cache.attend``, with the layer's RoPE and :func:`~mha_course.multihead.attend_heads`). Any
+  object with ``length`` (positions already stored),
   ``attend(layer, q, k, v)`` and ``advance(n)`` is a cache: :class:`ContiguousCache` here, the
   paged, quantised and evicting caches in the other modules of this wing.
 
 Keys and values reach the cache *unrotated*, with RoPE applied by the cache
-(:func:`rotate`), so that a cache that evicts positions can choose which positions its keys
-sit at (StreamingLLM's positions inside the cache). A cache that keeps every position rotates
-each key once, at its true position, as lesson 06 §3 does.
+(the layer's ``_rope``), so that a cache that evicts positions can choose which positions its
+keys sit at (StreamingLLM's positions inside the cache). A cache that keeps every position
+rotates each key once, at its true position, as lesson 06 §3 does: :class:`ContiguousCache` is a
+:class:`~mha_course.KVCache` per layer and attends through the layer's own cached step.
 """
 
 from __future__ import annotations
@@ -30,40 +33,11 @@ from __future__ import annotations
 import numpy as np
 
 from .._validate import fail, refuse_layer_scale, validate_positive_int
-from ..attention import causal_mask, scaled_dot_product_attention
+from ..attention import causal_mask
 from ..block import rms_norm, swiglu
-from ..heads import group_heads, kv_for_groups, merge_heads, split_heads, ungroup_heads
+from ..heads import merge_heads
+from ..kv_cache import KVCache
 from ..multihead import MultiHeadAttention
-from ..positions import apply_rope
-
-
-def rotate(attn, x, start: int):
-    """RoPE for ``x`` (..., T, d) at positions ``start .. start + T - 1`` in ``attn``'s layout.
-
-    ``x`` itself when the layer has no RoPE. ``start`` may also be an array of T positions.
-    """
-    if attn.rope is None:
-        return x
-    positions = np.arange(start, start + x.shape[-2]) if np.ndim(start) == 0 else start
-    return apply_rope(x, np.asarray(positions), base=attn.rope_base, layout=attn.rope)
-
-
-def linear(x, W, b=None):
-    """``x @ W (+ b)``: x (N, d_in), W (d_in, d_out), b (d_out,) or None -> (N, d_out)."""
-    y = x @ W
-    return y if b is None else y + b
-
-
-def attend_groups(q, k, v, mask=None):
-    """Attention of ``h`` query heads over ``g`` K/V heads, as ``decode_step`` groups them.
-
-    q (..., h, T, d_k), k (..., g, S, d_k), v (..., g, S, d_v), mask broadcastable to (T, S)
-    -> heads (..., h, T, d_v), weights (..., h, T, S).
-    """
-    g = k.shape[-3]
-    heads, weights = scaled_dot_product_attention(
-        group_heads(q, g), kv_for_groups(k), kv_for_groups(v), mask=mask)  # (..., g, h/g, T, .)
-    return ungroup_heads(heads), ungroup_heads(weights)
 
 
 class DecoderLayer:
@@ -82,10 +56,11 @@ class DecoderLayer:
 
 class ContiguousCache:
     """The cache of one sequence generated alone (or of ``batch`` sequences of equal length):
-    per layer, every key and value in order.
+    one :class:`~mha_course.KVCache` per layer, every key and value in order.
 
     Keys are stored rotated at their positions, shape (g, S, d_k), or (batch, g, S, d_k) with
-    ``batch`` (for :meth:`Decoder.step_batch`). :meth:`truncate` drops the last positions
+    ``batch`` (for :meth:`Decoder.step_batch`); each layer attends through its
+    ``MultiHeadAttention``'s own cached step. :meth:`truncate` drops the last positions
     (speculative decoding rolls rejected drafts back with it).
 
     Examples
@@ -103,25 +78,25 @@ class ContiguousCache:
         self.length = 0
         lead = () if batch is None else (validate_positive_int("ContiguousCache", "batch", batch),)
         dtype = decoder.embedding.dtype  # a float32 model's cache stays float32
-        self.keys = [np.empty((*lead, l.attn.n_kv_heads, 0, l.attn.d_k), dtype)
-                     for l in decoder.layers]
-        self.values = [np.empty((*lead, l.attn.n_kv_heads, 0, l.attn.d_v), dtype)
-                       for l in decoder.layers]
+        self.layers = [KVCache(layer.attn, lead, dtype=dtype) for layer in decoder.layers]
+
+    @property
+    def keys(self) -> list[np.ndarray]:
+        """Per layer, the stored (rotated) keys (..., g, S, d_k)."""
+        return [c.keys for c in self.layers]
+
+    @property
+    def values(self) -> list[np.ndarray]:
+        """Per layer, the stored values (..., g, S, d_v)."""
+        return [c.values for c in self.layers]
 
     def attend(self, layer: int, q, k, v):
         """Store the chunk's keys and values (T new positions) and attend over all of them.
 
         q (..., h, T, d_k), k (..., g, T, d_k), v (..., g, T, d_v), unrotated -> heads
-        (..., h, T, d_v).
+        (..., h, T, d_v): the middle of ``MultiHeadAttention.step``.
         """
-        attn = self.decoder.layers[layer].attn
-        q, k = rotate(attn, q, self.length), rotate(attn, k, self.length)
-        dtype = np.result_type(k, self.keys[layer])
-        self.keys[layer] = np.concatenate([self.keys[layer].astype(dtype, copy=False), k], -2)
-        self.values[layer] = np.concatenate([self.values[layer].astype(dtype, copy=False), v],
-                                            -2)
-        T, S = q.shape[-2], self.keys[layer].shape[-2]
-        return attend_groups(q, self.keys[layer], self.values[layer], causal_mask(T, S))[0]
+        return self.decoder.layers[layer].attn._attend_cached(q, k, v, self.layers[layer])[0]
 
     def advance(self, n: int) -> None:
         """``n`` new positions are now stored in every layer."""
@@ -129,11 +104,8 @@ class ContiguousCache:
 
     def truncate(self, length: int) -> None:
         """Keep the first ``length`` positions of every layer (0 <= length <= self.length)."""
-        if not 0 <= length <= self.length:
-            raise fail("ContiguousCache.truncate", f"length={length} must be between 0 and "
-                       f"the {self.length} positions stored")
-        self.keys = [k[..., :length, :] for k in self.keys]
-        self.values = [v[..., :length, :] for v in self.values]
+        for c in self.layers:
+            c.truncate(length, "ContiguousCache.truncate")
         self.length = length
 
 
@@ -256,13 +228,9 @@ class Decoder:
         for li, layer in enumerate(self.layers):
             attn = layer.attn
             a = rms_norm(x, layer.norm_attn, self.eps)
-            q, k, v = (linear(a, W, b).reshape(B, T, -1) for W, b in (
-                (attn.W_q, attn.b_q), (attn.W_k, attn.b_k), (attn.W_v, attn.b_v)))
-            q = split_heads(q, attn.h)  # (B, T, h·d_k) -> (B, h, T, d_k)
-            k = split_heads(k, attn.n_kv_heads)  # (B, g, T, d_k)
-            v = split_heads(v, attn.n_kv_heads)  # (B, g, T, d_v)
-            heads = merge_heads(cache.attend(li, q, k, v)).reshape(B * T, -1)  # (B·T, h·d_v)
-            x = x + linear(heads, attn.W_o, attn.b_o)
+            qkv = (p.reshape(B, T, -1) for p in attn._project(a, a, a.dtype))  # (B, T, n·d)
+            heads = cache.attend(li, *attn._heads(*qkv))  # (B, h, T, d_v)
+            x = x + attn._output(merge_heads(heads).reshape(B * T, -1), x.dtype)
             x = x + layer.mlp(x)
         cache.advance(T)
         return (rms_norm(x, self.norm_final, self.eps) @ self.W_out).reshape(B, T, -1)
@@ -290,16 +258,13 @@ class Decoder:
         for li, layer in enumerate(self.layers):
             attn = layer.attn
             a = rms_norm(x, layer.norm_attn, self.eps)
-            q_all, k_all, v_all = (linear(a, W, b) for W, b in (
-                (attn.W_q, attn.b_q), (attn.W_k, attn.b_k), (attn.W_v, attn.b_v)))
+            q_all, k_all, v_all = attn._project(a, a, a.dtype)  # (N, h·d_k | g·d_k | g·d_v)
             heads = []
             for i, cache in enumerate(caches):
                 s = slice(bounds[i], bounds[i + 1])
-                q = split_heads(q_all[s], attn.h)  # (h, T_i, d_k)
-                k = split_heads(k_all[s], attn.n_kv_heads)  # (g, T_i, d_k)
-                v = split_heads(v_all[s], attn.n_kv_heads)  # (g, T_i, d_v)
-                heads.append(merge_heads(cache.attend(li, q, k, v)))  # (T_i, h*d_v)
-            x = x + linear(np.concatenate(heads), attn.W_o, attn.b_o)  # (N, d_model)
+                qkv = attn._heads(q_all[s], k_all[s], v_all[s])  # (h | g, T_i, d)
+                heads.append(merge_heads(cache.attend(li, *qkv)))  # (T_i, h·d_v)
+            x = x + attn._output(np.concatenate(heads), x.dtype)  # (N, d_model)
             x = x + layer.mlp(x)
         for cache, chunk in zip(caches, chunks, strict=True):
             cache.advance(len(chunk))

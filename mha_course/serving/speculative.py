@@ -31,7 +31,8 @@ from __future__ import annotations
 import numpy as np
 
 from .._validate import fail, validate_positive_int
-from .decoder import ContiguousCache, attend_groups, probabilities, rotate
+from ..multihead import attend_heads
+from .decoder import ContiguousCache, probabilities
 
 
 # ----------------------------------------------------------------- one position, exactly
@@ -275,15 +276,16 @@ class TreeView:
         self.cache, self.parents = cache, list(parents)
         self.length = cache.length
         self.positions = cache.length - 1 + tree_depths(self.parents)
+        N = len(self.parents)  # every cached position, then the tree's own
+        self.mask = np.concatenate([np.ones((N, self.length), bool), tree_mask(self.parents)],
+                                   axis=1)
 
     def attend(self, layer: int, q, k, v):
         attn = self.cache.decoder.layers[layer].attn
-        q, k = rotate(attn, q, self.positions), rotate(attn, k, self.positions)
+        q, k = attn._rope(q, self.positions), attn._rope(k, self.positions)
         K = np.concatenate([self.cache.keys[layer], k], axis=-2)  # (g, n + N, d_k)
         V = np.concatenate([self.cache.values[layer], v], axis=-2)
-        N = q.shape[-2]
-        mask = np.concatenate([np.ones((N, self.length), bool), tree_mask(self.parents)], axis=1)
-        return attend_groups(q, K, V, mask)[0]
+        return attend_heads(q, K, V, self.mask, attn.scale)[0]
 
     def advance(self, n: int) -> None:
         """A view stores nothing."""

@@ -22,9 +22,8 @@ import math
 import numpy as np
 
 from .._validate import fail, refuse_layer_scale, validate_positive_int
-from ..heads import group_heads, kv_for_groups, merge_heads, project, split_heads, ungroup_heads
+from ..heads import group_heads, kv_for_groups, merge_heads, ungroup_heads
 from ..tiled import tiled_attention
-from .decoder import rotate
 
 
 def chunk_bounds(S: int, n_splits: int) -> list[tuple[int, int]]:
@@ -89,15 +88,14 @@ def split_kv_decode_step(layer, x_t, cache, n_splits: int):
     in ``n_splits`` chunks and combines them. x_t (..., 1, d_model) -> out_t (..., 1, d_model).
     """
     refuse_layer_scale("split_kv_decode_step", layer)
-    pos, dtype = cache.tokens_seen, x_t.dtype
-    q = rotate(layer, split_heads(project(x_t, layer.W_q, layer.b_q, dtype), layer.h),
-               pos)  # (..., h, 1, d_k)
-    k = rotate(layer, split_heads(project(x_t, layer.W_k, layer.b_k, dtype), layer.n_kv_heads),
-               pos)  # (..., g, 1, d_k)
-    v = split_heads(project(x_t, layer.W_v, layer.b_v, dtype), layer.n_kv_heads)
+    x_t = layer._validate_step("split_kv_decode_step", x_t, cache, one=True)
+    # the layer's own pieces, as its step: project (biases), split heads, RoPE at the position
+    q, k, v = layer._heads(*layer._project(x_t, x_t, x_t.dtype))  # (..., h | g, T, d_k | d_v)
+    positions = cache.tokens_seen + np.arange(x_t.shape[-2])
+    q, k = layer._rope(q, positions), layer._rope(k, positions)
     cache.append(k, v)
     out, _ = combine_partials(*split_kv_partials(q, cache.keys, cache.values, n_splits))
-    return project(merge_heads(out), layer.W_o, layer.b_o, out.dtype)  # (..., 1, d_model)
+    return layer._output(merge_heads(out), out.dtype)  # (..., 1, d_model)
 
 
 def occupancy(batch: int, kv_heads: int, n_splits: int, sms: int) -> float:
