@@ -23,6 +23,8 @@ lesson 09's GPT).
   connection and a LayerNorm, in one of two placements: ``"post"``, ``LN(x + f(x))`` (Vaswani
   et al. 2017), or ``"pre"``, ``x + f(LN(x))`` (GPT-2 onward; such a stack ends with one more
   LayerNorm).
+- :class:`PreNormBlock` is the decoder block these make (lesson 09's GPT, lesson 12's variants
+  and the serving decoder run it): ``x + attn(rms_norm(x))``, then ``x + swiglu(rms_norm(x))``.
 """
 
 from __future__ import annotations
@@ -435,3 +437,81 @@ def swiglu_backward(grad_out, x, W_gate, W_up, W_down) -> dict[str, np.ndarray]:
         "W_up": xf.T @ db.reshape(-1, d_ff),
         "W_down": hf.T @ grad_out.reshape(-1, d_model),
     }
+
+
+class PreNormBlock:
+    r"""A pre-norm decoder block (Llama's): ``x + attn(rms_norm(x))``, ``x + swiglu(rms_norm(x))``.
+
+    Lesson 09's GPT (``GPT.blocks``), lesson 12's variants (through the GPT's attention hook)
+    and the serving decoder (``Decoder.blocks``) all run this one block. The attention half
+    takes an ``attention`` hook, a function of the normalised input ``a`` (..., T, d_model) that
+    returns the attention's output (..., T, d_model): by default the layer's forward under
+    ``mask``; :meth:`step` passes the layer's cached step; a variant passes its own scores.
+
+    Parameters
+    ----------
+    attn : MultiHeadAttention
+    attn_norm, mlp_norm : ndarray, shape (d_model,)
+        The two RMSNorm weights.
+    W_gate, W_up : ndarray, shape (d_model, d_ff)
+    W_down : ndarray, shape (d_ff, d_model)
+    eps : float, default 1e-5
+        RMSNorm's epsilon.
+
+    Attributes
+    ----------
+    attn, attn_norm, mlp_norm, W_gate, W_up, W_down, eps
+        The arrays themselves (not copies): an optimiser updates them in place.
+
+    Examples
+    --------
+    >>> from mha_course import MultiHeadAttention, causal_mask
+    >>> rng = np.random.default_rng(0)
+    >>> block = PreNormBlock(MultiHeadAttention(8, 2, rope="half", rng=0), np.ones(8),
+    ...                      np.ones(8), rng.normal(size=(8, 16)), rng.normal(size=(8, 16)),
+    ...                      rng.normal(size=(16, 8)))
+    >>> x = rng.normal(size=(5, 8))
+    >>> full = block(x, mask=causal_mask(5))
+    >>> cache = block.attn.init_cache()
+    >>> steps = np.concatenate([block.step(x[:3], cache), block.step(x[3:], cache)])
+    >>> full.shape, bool(np.allclose(full, steps))
+    ((5, 8), True)
+    """
+
+    def __init__(self, attn, attn_norm, mlp_norm, W_gate, W_up, W_down, eps: float = 1e-5):
+        self.attn, self.eps = attn, float(eps)
+        self.attn_norm, self.mlp_norm = np.asarray(attn_norm), np.asarray(mlp_norm)
+        self.W_gate, self.W_up, self.W_down = (np.asarray(W) for W in (W_gate, W_up, W_down))
+
+    def with_attention(self, x, attention=None, mask=None) -> np.ndarray:
+        """``x + attention(rms_norm(x, attn_norm))``: (..., T, d_model) -> (..., T, d_model).
+
+        ``attention`` (a function of the normalised input) defaults to the layer's forward
+        under ``mask``.
+        """
+        a = rms_norm(x, self.attn_norm, self.eps)
+        return x + (self.attn(a, mask=mask)[0] if attention is None else attention(a))
+
+    def with_mlp(self, x) -> np.ndarray:
+        """``x + swiglu(rms_norm(x, mlp_norm))``: (..., T, d_model) -> (..., T, d_model)."""
+        return x + swiglu(rms_norm(x, self.mlp_norm, self.eps), self.W_gate, self.W_up,
+                          self.W_down)
+
+    def __call__(self, x, mask=None, *, attention=None) -> np.ndarray:
+        """The whole block on ``x`` (..., T, d_model): attention half, then the MLP half."""
+        return self.with_mlp(self.with_attention(x, attention, mask))
+
+    def step(self, x, cache) -> np.ndarray:
+        """The block on a chunk of new positions over the attention's KV cache (trusted: the
+        caller checked the cache), through ``MultiHeadAttention.step``'s pieces."""
+        return self(x, attention=lambda a: self.attn._step(a, cache)[0])
+
+    def parameters(self) -> dict[str, np.ndarray]:
+        """Every array by name, in lesson 09's order: ``attn_norm``, the attention's
+        (``W_q`` .. ``W_o``, biases if any), ``mlp_norm``, ``W_gate``, ``W_up``, ``W_down``."""
+        return {"attn_norm": self.attn_norm, **self.attn.parameters(),
+                "mlp_norm": self.mlp_norm, "W_gate": self.W_gate, "W_up": self.W_up,
+                "W_down": self.W_down}
+
+    def __repr__(self) -> str:
+        return f"PreNormBlock({self.attn!r}, d_ff={self.W_up.shape[-1]}, eps={self.eps:g})"

@@ -320,7 +320,7 @@ class MultiHeadAttention:
         return x, kv_input, m
 
     # ------------------------------------------------------------------------ the forward pass
-    def forward(self, x, context=None, mask=None, *, return_cache=False):
+    def forward(self, x, context=None, mask=None, *, head_mask=None, return_cache=False):
         """Attend from ``x`` to ``context`` (to ``x`` itself when ``context`` is None).
 
         Parameters
@@ -331,6 +331,9 @@ class MultiHeadAttention:
             The keys' and values' input, for cross-attention. Default: ``x``.
         mask : ndarray of bool, broadcastable to (..., T, S), optional
             ``True`` = may attend; applied to every head.
+        head_mask : array_like, shape (h,), optional
+            Multiplies each head's output before ``W_o`` (0 ablates the head; evaluation only,
+            not with ``return_cache``): lessons 09 to 12 read what a head does this way.
         return_cache : bool, default False
             Return ``(out, saved)`` instead, where ``saved`` holds the saved activations
             (:class:`~mha_course.backward.SavedActivations`) that :meth:`backward` needs; the
@@ -364,10 +367,14 @@ class MultiHeadAttention:
                        f"scale={self.scale!r}: build it with scale=None to train it by hand")
         x, kv_input, mask = self.validate_inputs(x, context, mask)
         dtype = np.result_type(x, kv_input)
+        if head_mask is not None:
+            head_mask = self._validate_head_mask(head_mask, return_cache)
         mask = None if mask is None else mask[..., 0, 0, :, :]  # (..., T, S)
         q, k, v = self._heads(*self._project(x, kv_input, dtype))  # (..., h | g, T | S, d)
         q, k = self._rope(q), self._rope(k)  # RoPE on queries and keys, never values
         heads, weights = attend_heads(q, k, v, mask, self.scale)  # (..., h, T, d_v | S)
+        if head_mask is not None:  # scale each head's output: (h,) -> (h, 1, 1)
+            heads = heads * head_mask[:, None, None]
         concat = merge_heads(heads)  # (..., h, T, d_v) -> (..., T, h*d_v)
         out = self._output(concat, dtype)  # (..., T, h*d_v) -> (..., T, d_model)
         if return_cache:
@@ -414,6 +421,16 @@ class MultiHeadAttention:
         (0, (3, 2, 0, 4))
         """
         return KVCache(self, batch_shape, max_len, dtype=dtype, window=window)
+
+    def _validate_head_mask(self, head_mask, return_cache) -> np.ndarray:
+        func = "MultiHeadAttention.forward"
+        if return_cache:
+            raise fail(func, "head_mask is for evaluation; backward needs the unmasked forward")
+        m = as_float_array(func, "head_mask", head_mask)
+        if m.shape != (self.h,):
+            raise fail(func, f"head_mask has shape {fmt_shape(m.shape)}; expected (h,) = "
+                             f"({self.h},)")
+        return m
 
     # --------------------------------------- the pieces forward and step are built from
     def _project(self, x, kv_input, dtype):

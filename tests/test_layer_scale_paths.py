@@ -9,7 +9,6 @@ from mha_course import MultiHeadAttention, causal_mask
 from mha_course.backward import backward
 from mha_course.lean import lean_forward
 from mha_course.parallel.tensor import TensorParallelAttention
-from mha_course.serving.decoder import DecoderLayer
 from mha_course.serving.split_kv import split_kv_decode_step
 
 
@@ -31,6 +30,20 @@ def test_chunked_prefill_and_decode_apply_the_layer_scale_and_equal_forward():
         "the scale must change the output, or this test shows nothing"
 
 
+def test_the_serving_decoder_applies_the_layer_scale_on_every_cache():
+    from mha_course.serving.decoder import ContiguousCache, Decoder
+    from mha_course.serving.paged import PagedStore
+
+    dec = Decoder.random(vocab=11, d_model=12, n_layers=2, h=6, n_kv_heads=2, rng=1)
+    for block in dec.blocks:
+        block.attn.scale = 0.2
+    tokens = np.arange(9) % 11
+    want = dec.forward(tokens)
+    for cache in (ContiguousCache(dec), PagedStore(dec, 8, 4).new_sequence()):
+        got = np.concatenate([dec.step(tokens[:5], cache), dec.step(tokens[5:], cache)])
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
+
+
 def test_paths_that_assume_the_default_scale_refuse_a_scaled_layer_by_name():
     layer = scaled_layer()
     x = np.ones((3, 12))
@@ -38,9 +51,6 @@ def test_paths_that_assume_the_default_scale_refuse_a_scaled_layer_by_name():
         lean_forward(layer, x)
     with pytest.raises(ValueError, match=r"^split_kv_decode_step: layer has scale=0\.2"):
         split_kv_decode_step(layer, x[:1], layer.init_cache(max_len=4), 2)
-    with pytest.raises(ValueError, match=r"^DecoderLayer: attn has scale=0\.2"):
-        DecoderLayer(layer, np.ones(12), np.ones(12), np.ones((12, 8)), np.ones((12, 8)),
-                     np.ones((8, 12)))
     with pytest.raises(ValueError, match=r"^TensorParallelAttention: layer has scale=0\.2"):
         TensorParallelAttention(layer, 2)
     plain = MultiHeadAttention(d_model=12, h=6, n_kv_heads=2, rng=3)

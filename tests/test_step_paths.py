@@ -89,8 +89,8 @@ def test_split_kv_decoding_equals_decode_step_with_biases_rope_and_gqa():
 def biased_decoder(seed=3) -> Decoder:
     rng = np.random.default_rng(seed)
     dec = Decoder.random(vocab=19, d_model=D_MODEL, n_layers=2, h=H, n_kv_heads=G, rng=rng)
-    for layer in dec.layers:
-        biased(layer.attn, rng)
+    for block in dec.blocks:
+        biased(block.attn, rng)
     return dec
 
 
@@ -151,7 +151,7 @@ def test_step_batch_and_step_many_equal_forward_with_biases():
 def test_the_decoders_layers_equal_their_own_step():
     # the decoder's attention over a ContiguousCache is the layer's step: one layer alone
     rng = np.random.default_rng(2)
-    layer = DEC.layers[0].attn
+    layer = DEC.blocks[0].attn
     x = rng.normal(size=(7, D_MODEL))
     cache = layer.init_cache()
     got = np.concatenate([layer.step(x[s], cache)[0] for s in split(7, (3, 1, 3))])

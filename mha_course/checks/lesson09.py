@@ -293,7 +293,7 @@ def _rotated_decode(model, prompt, n_new, offset_rule):
         T = len(chunk)
         positions = {"zero": np.arange(T), "right": cached + np.arange(T),
                      "generated": generated[0] + np.arange(T)}[offset_rule]
-        for i, attn in enumerate(model.blocks):
+        for i, attn in enumerate(block.attn for block in model.blocks):
             a = rms_norm(x, P[f"L{i}.attn_norm"], c.eps)
             q = apply_rope(split_heads(a @ attn.W_q, c.h), positions, layout=c.rope)
             k = apply_rope(split_heads(a @ attn.W_k, c.n_kv_heads), positions, layout=c.rope)

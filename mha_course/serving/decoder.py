@@ -1,4 +1,4 @@
-"""A decoder-only model as a server sees it: weights by name, run chunk by chunk over a cache.
+"""A decoder-only model as a server sees it: its blocks, run chunk by chunk over a cache.
 
 Taught in ``notebooks/10_serving.ipynb``. Lesson 09's GPT (``mha_course.models.gpt``) is a
 pre-norm decoder: a token embedding, blocks of ``x + attn(rms_norm(x))`` and
@@ -6,8 +6,9 @@ pre-norm decoder: a token embedding, blocks of ``x + attn(rms_norm(x))`` and
 (causal, RoPE, GQA), a final RMSNorm and an output head. A server needs more ways to run it than
 the model offers: over a *paged* cache shared by many sequences, over a quantised or an evicting
 cache, a ragged batch of chunks of different lengths in one pass, a cache it can roll back.
-:class:`Decoder` holds the same weights (read from the model's parameters by duck typing,
-:meth:`Decoder.from_model`, or random ones for tests, :meth:`Decoder.random`) and runs them two
+:class:`Decoder` holds the same weights under the same names (``W_E``, ``blocks`` of
+:class:`~mha_course.block.PreNormBlock`, ``norm_f``, ``W_U``): the model's own blocks,
+:meth:`Decoder.from_model`, or random ones for tests, :meth:`Decoder.random`. It runs them two
 ways:
 
 - :meth:`Decoder.forward`: the whole sequence at once through each layer's own
@@ -30,28 +31,16 @@ rotates each key once, at its true position, as lesson 06 §3 does: :class:`Cont
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
-from .._validate import fail, refuse_layer_scale, validate_positive_int
+from .._validate import fail, validate_positive_int
 from ..attention import causal_mask
-from ..block import rms_norm, swiglu
+from ..block import PreNormBlock, rms_norm
 from ..heads import merge_heads
 from ..kv_cache import KVCache
 from ..multihead import MultiHeadAttention
-
-
-class DecoderLayer:
-    """One pre-norm block: its attention layer, two RMSNorm weights and a SwiGLU MLP."""
-
-    def __init__(self, attn: MultiHeadAttention, norm_attn, norm_mlp, W_gate, W_up, W_down,
-                 eps: float = 1e-5):
-        self.attn, self.eps = refuse_layer_scale("DecoderLayer", attn, "attn"), float(eps)
-        self.norm_attn, self.norm_mlp = np.asarray(norm_attn), np.asarray(norm_mlp)
-        self.W_gate, self.W_up, self.W_down = (np.asarray(W) for W in (W_gate, W_up, W_down))
-
-    def mlp(self, x):
-        """``x + swiglu(rms_norm(x))``'s second term, (N, d_model) -> (N, d_model)."""
-        return swiglu(rms_norm(x, self.norm_mlp, self.eps), self.W_gate, self.W_up, self.W_down)
 
 
 class ContiguousCache:
@@ -77,18 +66,18 @@ class ContiguousCache:
         self.decoder = decoder
         self.length = 0
         lead = () if batch is None else (validate_positive_int("ContiguousCache", "batch", batch),)
-        dtype = decoder.embedding.dtype  # a float32 model's cache stays float32
-        self.layers = [KVCache(layer.attn, lead, dtype=dtype) for layer in decoder.layers]
+        dtype = decoder.W_E.dtype  # a float32 model's cache stays float32
+        self.caches = [KVCache(block.attn, lead, dtype=dtype) for block in decoder.blocks]
 
     @property
     def keys(self) -> list[np.ndarray]:
         """Per layer, the stored (rotated) keys (..., g, S, d_k)."""
-        return [c.keys for c in self.layers]
+        return [c.keys for c in self.caches]
 
     @property
     def values(self) -> list[np.ndarray]:
         """Per layer, the stored values (..., g, S, d_v)."""
-        return [c.values for c in self.layers]
+        return [c.values for c in self.caches]
 
     def attend(self, layer: int, q, k, v):
         """Store the chunk's keys and values (T new positions) and attend over all of them.
@@ -96,7 +85,7 @@ class ContiguousCache:
         q (..., h, T, d_k), k (..., g, T, d_k), v (..., g, T, d_v), unrotated -> heads
         (..., h, T, d_v): the middle of ``MultiHeadAttention.step``.
         """
-        return self.decoder.layers[layer].attn._attend_cached(q, k, v, self.layers[layer])[0]
+        return self.decoder.blocks[layer].attn._attend_cached(q, k, v, self.caches[layer])[0]
 
     def advance(self, n: int) -> None:
         """``n`` new positions are now stored in every layer."""
@@ -104,7 +93,7 @@ class ContiguousCache:
 
     def truncate(self, length: int) -> None:
         """Keep the first ``length`` positions of every layer (0 <= length <= self.length)."""
-        for c in self.layers:
+        for c in self.caches:
             c.truncate(length, "ContiguousCache.truncate")
         self.length = length
 
@@ -114,11 +103,13 @@ class Decoder:
 
     Parameters
     ----------
-    embedding : ndarray, shape (vocab, d_model)
-    layers : list of DecoderLayer
-    norm_final : ndarray, shape (d_model,)
-    W_out : ndarray, shape (d_model, vocab)
-        The output head (``embedding.T`` for tied weights).
+    W_E : ndarray, shape (vocab, d_model)
+        The token embedding.
+    blocks : list of PreNormBlock
+        Lesson 09's blocks (``GPT.blocks``), each with its ``MultiHeadAttention``.
+    norm_f : ndarray, shape (d_model,)
+    W_U : ndarray, shape (d_model, vocab)
+        The output head (``W_E.T`` for tied weights).
     eps : float, default 1e-5
         RMSNorm's epsilon.
 
@@ -133,15 +124,15 @@ class Decoder:
     ((5, 13), True)
     """
 
-    def __init__(self, embedding, layers, norm_final, W_out, eps: float = 1e-5):
-        self.embedding = np.asarray(embedding)
-        self.layers = list(layers)
-        self.norm_final = np.asarray(norm_final)
-        self.W_out = np.asarray(W_out)
+    def __init__(self, W_E, blocks, norm_f, W_U, eps: float = 1e-5):
+        self.W_E = np.asarray(W_E)
+        self.blocks = list(blocks)
+        self.norm_f = np.asarray(norm_f)
+        self.W_U = np.asarray(W_U)
         self.eps = float(eps)
-        for layer in self.layers:
-            layer.eps = self.eps
-        self.vocab, self.d_model = self.embedding.shape
+        for block in self.blocks:
+            block.eps = self.eps
+        self.vocab, self.d_model = self.W_E.shape
 
     # ------------------------------------------------------------------ building one
     @classmethod
@@ -161,31 +152,41 @@ class Decoder:
         def normal(n_in, n_out):
             return (rng.normal(size=(n_in, n_out)) / np.sqrt(n_in)).astype(dtype)
 
-        layers = []
+        blocks = []
         for _ in range(n_layers):
             attn = MultiHeadAttention(d_model, h, n_kv_heads=n_kv_heads, rope=rope, rng=rng)
             for name, W in attn.parameters().items():
                 setattr(attn, name, W.astype(dtype))
             ones = np.ones(d_model, dtype)
-            layers.append(DecoderLayer(attn, ones, ones, normal(d_model, d_ff),
+            blocks.append(PreNormBlock(attn, ones, ones, normal(d_model, d_ff),
                                        normal(d_model, d_ff), normal(d_ff, d_model)))
-        embedding = rng.normal(size=(vocab, d_model)).astype(dtype)
-        return cls(embedding, layers, np.ones(d_model, dtype), normal(d_model, vocab))
+        W_E = rng.normal(size=(vocab, d_model)).astype(dtype)
+        return cls(W_E, blocks, np.ones(d_model, dtype), normal(d_model, vocab))
 
     @classmethod
     def from_model(cls, model):
-        """The decoder of a model with lesson 09's structure, read by duck typing.
+        """The decoder of lesson 09's GPT: its own blocks and arrays, shared, not copied.
 
-        The model needs ``blocks`` (each with ``attn``, a :class:`MultiHeadAttention`, the two
-        norm weights and the MLP weights) or an equivalent parameter dict; see
-        :func:`decoder_weights_of` for the names tried.
+        Duck typing, so the serving wing never imports the models wing: the model needs
+        ``W_E``, ``blocks`` (:class:`~mha_course.block.PreNormBlock` each), ``norm_f``, ``W_U``
+        and ``config.eps``.
+
+        Raises
+        ------
+        ValueError
+            If the model lacks one of these.
         """
-        return cls(*decoder_weights_of(model))
+        try:
+            return cls(model.W_E, model.blocks, model.norm_f, model.W_U, model.config.eps)
+        except AttributeError as err:
+            raise fail("Decoder.from_model", f"cannot read the blocks of a "
+                       f"{type(model).__name__} ({err}); expected lesson 09's GPT: W_E, blocks "
+                       "(PreNormBlock each), norm_f, W_U and config.eps") from None
 
     # -------------------------------------------------------------------- running it
     @property
     def n_layers(self) -> int:
-        return len(self.layers)
+        return len(self.blocks)
 
     def _tokens(self, func: str, tokens) -> np.ndarray:
         tokens = np.asarray(tokens)
@@ -200,12 +201,15 @@ class Decoder:
     def forward(self, tokens) -> np.ndarray:
         """Logits of every position, the whole sequence at once: tokens (T,) -> (T, vocab)."""
         tokens = self._tokens("Decoder.forward", tokens)
-        x = self.embedding[tokens]  # (T, d_model)
+        x = self.W_E[tokens]  # (T, d_model)
         mask = causal_mask(len(tokens))
-        for layer in self.layers:
-            x = x + layer.attn.forward(rms_norm(x, layer.norm_attn, self.eps), mask=mask)[0]
-            x = x + layer.mlp(x)
-        return rms_norm(x, self.norm_final, self.eps) @ self.W_out
+        for block in self.blocks:
+            x = block(x, mask)  # each block's own forward, causal
+        return self._logits(x)
+
+    def _logits(self, x):
+        """The final RMSNorm and the output head: (..., d_model) -> (..., vocab)."""
+        return rms_norm(x, self.norm_f, self.eps) @ self.W_U
 
     def step(self, tokens, cache) -> np.ndarray:
         """Logits of ``tokens`` (T,) appended to ``cache`` -> (T, vocab); the cache grows by T."""
@@ -224,16 +228,19 @@ class Decoder:
         if tokens.ndim != 2:
             raise fail("Decoder.step_batch", f"tokens has shape {tokens.shape}; expected (B, T)")
         B, T = tokens.shape
-        x = self.embedding[tokens.reshape(-1)]  # (B·T, d_model): one row per token
-        for li, layer in enumerate(self.layers):
-            attn = layer.attn
-            a = rms_norm(x, layer.norm_attn, self.eps)
-            qkv = (p.reshape(B, T, -1) for p in attn._project(a, a, a.dtype))  # (B, T, n·d)
-            heads = cache.attend(li, *attn._heads(*qkv))  # (B, h, T, d_v)
-            x = x + attn._output(merge_heads(heads).reshape(B * T, -1), x.dtype)
-            x = x + layer.mlp(x)
+        x = self.W_E[tokens.reshape(-1)]  # (B·T, d_model): one row per token
+        for li, block in enumerate(self.blocks):
+            x = block(x, attention=functools.partial(self._batch_attention, li, cache, B, T))
         cache.advance(T)
-        return (rms_norm(x, self.norm_final, self.eps) @ self.W_out).reshape(B, T, -1)
+        return self._logits(x).reshape(B, T, -1)
+
+    def _batch_attention(self, li: int, cache, B: int, T: int, a):
+        """Block ``li``'s attention for :meth:`step_batch`: a (B·T, d_model) -> (B·T, d_model),
+        every product a 2-d one, attention batched by the cache."""
+        attn = self.blocks[li].attn
+        qkv = (p.reshape(B, T, -1) for p in attn._project(a, a, a.dtype))  # (B, T, n·d)
+        heads = cache.attend(li, *attn._heads(*qkv))  # (B, h, T, d_v)
+        return attn._output(merge_heads(heads).reshape(B * T, -1), a.dtype)
 
     def step_many(self, chunks, caches, last_only: bool = False) -> list[np.ndarray]:
         """One pass over a ragged batch: ``chunks[i]`` (T_i,) appended to ``caches[i]``.
@@ -254,47 +261,46 @@ class Decoder:
         if any(len(c) == 0 for c in chunks):
             raise fail(func, "every chunk needs at least one token")
         bounds = np.cumsum([0] + [len(c) for c in chunks])
-        x = self.embedding[np.concatenate(chunks)]  # (N, d_model), N = ΣT_i
-        for li, layer in enumerate(self.layers):
-            attn = layer.attn
-            a = rms_norm(x, layer.norm_attn, self.eps)
-            q_all, k_all, v_all = attn._project(a, a, a.dtype)  # (N, h·d_k | g·d_k | g·d_v)
-            heads = []
-            for i, cache in enumerate(caches):
-                s = slice(bounds[i], bounds[i + 1])
-                qkv = attn._heads(q_all[s], k_all[s], v_all[s])  # (h | g, T_i, d)
-                heads.append(merge_heads(cache.attend(li, *qkv)))  # (T_i, h·d_v)
-            x = x + attn._output(np.concatenate(heads), x.dtype)  # (N, d_model)
-            x = x + layer.mlp(x)
+        x = self.W_E[np.concatenate(chunks)]  # (N, d_model), N = ΣT_i
+        for li, block in enumerate(self.blocks):
+            x = block(x, attention=functools.partial(self._ragged_attention, li, caches, bounds))
         for cache, chunk in zip(caches, chunks, strict=True):
             cache.advance(len(chunk))
         if last_only:
-            x = x[bounds[1:] - 1]  # (n_chunks, d_model): the last token of each chunk
-            return list(rms_norm(x, self.norm_final, self.eps) @ self.W_out)
-        logits = rms_norm(x, self.norm_final, self.eps) @ self.W_out  # (N, vocab)
+            return list(self._logits(x[bounds[1:] - 1]))  # the last token of each chunk
+        logits = self._logits(x)  # (N, vocab)
         return [logits[bounds[i]:bounds[i + 1]] for i in range(len(chunks))]
+
+    def _ragged_attention(self, li: int, caches, bounds, a):
+        """Block ``li``'s attention for :meth:`step_many`: a (N, d_model) -> (N, d_model); one
+        product per weight for all N tokens, attention per sequence by its cache."""
+        attn = self.blocks[li].attn
+        q_all, k_all, v_all = attn._project(a, a, a.dtype)  # (N, h·d_k | g·d_k | g·d_v)
+        heads = []
+        for i, cache in enumerate(caches):
+            s = slice(bounds[i], bounds[i + 1])
+            qkv = attn._heads(q_all[s], k_all[s], v_all[s])  # (h | g, T_i, d)
+            heads.append(merge_heads(cache.attend(li, *qkv)))  # (T_i, h·d_v)
+        return attn._output(np.concatenate(heads), a.dtype)  # (N, d_model)
 
     # ------------------------------------------------------------------- sizes
     def parameters(self) -> dict[str, np.ndarray]:
         """Every weight by name, as lesson 09's ``GPT.parameters()`` names them (``W_E``,
         ``L{i}.attn_norm``, ``L{i}.W_q`` .. ``L{i}.W_down``, ``norm_f``, ``W_U``)."""
-        params = {"W_E": self.embedding}
-        for i, l in enumerate(self.layers):
-            params[f"L{i}.attn_norm"] = l.norm_attn
-            params.update({f"L{i}.{name}": W for name, W in l.attn.parameters().items()})
-            params.update({f"L{i}.mlp_norm": l.norm_mlp, f"L{i}.W_gate": l.W_gate,
-                           f"L{i}.W_up": l.W_up, f"L{i}.W_down": l.W_down})
-        return {**params, "norm_f": self.norm_final, "W_U": self.W_out}
+        params = {"W_E": self.W_E}
+        for i, block in enumerate(self.blocks):
+            params.update({f"L{i}.{name}": W for name, W in block.parameters().items()})
+        return {**params, "norm_f": self.norm_f, "W_U": self.W_U}
 
     def parameter_count(self, embedding: bool = True) -> int:
         """Parameters; ``embedding=False`` leaves out the embedding table, of which a step
         reads only the rows of its tokens."""
         n = sum(p.size for p in self.parameters().values())
-        return n - (0 if embedding else self.embedding.size)
+        return n - (0 if embedding else self.W_E.size)
 
     def weight_bytes(self) -> int:
         """Bytes a decode step reads for the weights: all but the embedding table."""
-        return self.parameter_count(embedding=False) * self.embedding.dtype.itemsize
+        return self.parameter_count(embedding=False) * self.W_E.dtype.itemsize
 
 
 def generate_alone(decoder: Decoder, prompt, n_new: int, *, temperature: float = 0.0,
@@ -330,34 +336,3 @@ def sample_token(logits, temperature: float, rng) -> int:
         return int(np.argmax(logits))
     cdf = np.cumsum(probabilities(logits, temperature))
     return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(cdf) - 1))
-
-
-def decoder_weights_of(model):
-    """``(embedding, layers, norm_final, W_out, eps)`` of a model built like lesson 09's GPT.
-
-    Duck typing, so the serving wing never imports the models wing: the model's
-    ``parameters()`` dict names ``W_E`` (vocab, d_model), per block ``i`` ``L{i}.attn_norm``,
-    ``L{i}.mlp_norm``, ``L{i}.W_gate``, ``L{i}.W_up``, ``L{i}.W_down``, then ``norm_f`` and
-    ``W_U`` (d_model, vocab); ``model.blocks[i]`` is block ``i``'s
-    :class:`~mha_course.MultiHeadAttention` (whose ``W_q`` .. ``W_o`` are ``L{i}.W_q`` ..);
-    ``model.config.eps`` is RMSNorm's epsilon. The arrays are shared, not copied.
-
-    Raises
-    ------
-    ValueError
-        If the model lacks one of these.
-    """
-    func = "Decoder.from_model"
-    try:
-        params, blocks = model.parameters(), list(model.blocks)
-        eps = float(getattr(model.config, "eps", 1e-5))
-        layers = [DecoderLayer(attn, params[f"L{i}.attn_norm"], params[f"L{i}.mlp_norm"],
-                               params[f"L{i}.W_gate"], params[f"L{i}.W_up"],
-                               params[f"L{i}.W_down"], eps)
-                  for i, attn in enumerate(blocks)]
-        return params["W_E"], layers, params["norm_f"], params["W_U"], eps
-    except (AttributeError, KeyError, TypeError) as err:
-        raise fail(func, f"cannot read the weights of a {type(model).__name__} ({err!r}); "
-                         "expected lesson 09's GPT: parameters() with W_E, L{i}.attn_norm, "
-                         "L{i}.mlp_norm, L{i}.W_gate, L{i}.W_up, L{i}.W_down, norm_f, W_U, "
-                         "and blocks, one MultiHeadAttention each") from None

@@ -111,7 +111,7 @@ class EvictingCache:
                                for t in range(q.shape[-2])], axis=-2)
 
     def _one(self, li, q, k, v, pos):
-        attn = self.decoder.layers[li].attn
+        attn = self.decoder.blocks[li].attn
         g = k.shape[-3]
         new_pos = np.full((g, 1), pos)
         k_rot = attn._rope(k, np.array([pos]))

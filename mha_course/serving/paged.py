@@ -44,8 +44,8 @@ class PagedStore:
         self.decoder = decoder
         self.n_blocks = validate_positive_int(func, "n_blocks", n_blocks)
         self.block_size = validate_positive_int(func, "block_size", block_size)
-        self.pools = [PagedKVCache(layer.attn, self.n_blocks, self.block_size)
-                      for layer in decoder.layers]
+        self.pools = [PagedKVCache(block.attn, self.n_blocks, self.block_size)
+                      for block in decoder.blocks]
 
     @property
     def free_blocks(self) -> int:
@@ -107,7 +107,7 @@ class PagedSequence:
 
         q (h, T, d_k), k (g, T, d_k), v (g, T, d_v), unrotated -> heads (h, T, d_v).
         """
-        attn = self.store.decoder.layers[layer].attn
+        attn = self.store.decoder.blocks[layer].attn
         pool = self.store.pools[layer]
         positions = self.length + np.arange(q.shape[-2])
         q, k = attn._rope(q, positions), attn._rope(k, positions)

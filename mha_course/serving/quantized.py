@@ -116,7 +116,7 @@ class QuantizedCache:
 
     def attend(self, layer: int, q, k, v):
         """q (h, T, d_k), k (g, T, d_k), v (g, T, d_v), unrotated -> heads (h, T, d_v)."""
-        attn = self.decoder.layers[layer].attn
+        attn = self.decoder.blocks[layer].attn
         positions = self.length + np.arange(q.shape[-2])
         q, k = attn._rope(q, positions), attn._rope(k, positions)
         # the open group's exact keys, then the new ones: (g, n_open + T, d_k)

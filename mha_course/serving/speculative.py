@@ -281,7 +281,7 @@ class TreeView:
                                    axis=1)
 
     def attend(self, layer: int, q, k, v):
-        attn = self.cache.decoder.layers[layer].attn
+        attn = self.cache.decoder.blocks[layer].attn
         q, k = attn._rope(q, self.positions), attn._rope(k, self.positions)
         K = np.concatenate([self.cache.keys[layer], k], axis=-2)  # (g, n + N, d_k)
         V = np.concatenate([self.cache.values[layer], v], axis=-2)
