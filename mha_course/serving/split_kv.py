@@ -23,6 +23,7 @@ import numpy as np
 
 from .._validate import fail, refuse_layer_scale, validate_positive_int
 from ..heads import group_heads, kv_for_groups, merge_heads, ungroup_heads
+from ..parallel.ring import merge_partials
 from ..tiled import tiled_attention
 
 
@@ -63,6 +64,9 @@ def split_kv_partials(q, k, v, n_splits: int):
 def combine_partials(outs, lses):
     """Merge chunks' partial outputs by their log-sum-exps: ``(out, lse)`` of all the keys.
 
+    Ring attention's :func:`~mha_course.parallel.ring.merge_partials`, folded over the chunks:
+    a chunk with no visible key (``lse = -inf``) adds nothing, never a NaN.
+
     Examples
     --------
     >>> from mha_course import scaled_dot_product_attention
@@ -72,12 +76,10 @@ def combine_partials(outs, lses):
     >>> bool(np.allclose(out, scaled_dot_product_attention(q, k, v)[0]))
     True
     """
-    L = np.stack(lses)  # (n_splits, ..., h, T)
-    m = L.max(axis=0)
-    w = np.exp(L - m)  # each chunk's share of the softmax denominator, up to exp(m)
-    total = w.sum(axis=0)
-    out = (w[..., None] * np.stack(outs)).sum(axis=0) / total[..., None]
-    return out, m + np.log(total)
+    out, lse = outs[0], lses[0]
+    for out_j, lse_j in zip(outs[1:], lses[1:], strict=True):
+        out, lse = merge_partials(out, lse, out_j, lse_j)
+    return out, lse
 
 
 def split_kv_decode_step(layer, x_t, cache, n_splits: int):
