@@ -23,8 +23,7 @@ lesson 09's GPT).
   connection and a LayerNorm, in one of two placements: ``"post"``, ``LN(x + f(x))`` (Vaswani
   et al. 2017), or ``"pre"``, ``x + f(LN(x))`` (GPT-2 onward; such a stack ends with one more
   LayerNorm).
-- :class:`PreNormBlock` is the decoder block these make (lesson 09's GPT, lesson 12's variants
-  and the serving decoder run it): ``x + attn(rms_norm(x))``, then ``x + swiglu(rms_norm(x))``.
+- :class:`PreNormBlock`, the decoder block of lessons 09 to 12 and of serving, is made of them.
 """
 
 from __future__ import annotations
@@ -443,25 +442,13 @@ class PreNormBlock:
     r"""A pre-norm decoder block (Llama's): ``x + attn(rms_norm(x))``, ``x + swiglu(rms_norm(x))``.
 
     Lesson 09's GPT (``GPT.blocks``), lesson 12's variants (through the GPT's attention hook)
-    and the serving decoder (``Decoder.blocks``) all run this one block. The attention half
-    takes an ``attention`` hook, a function of the normalised input ``a`` (..., T, d_model) that
-    returns the attention's output (..., T, d_model): by default the layer's forward under
-    ``mask``; :meth:`step` passes the layer's cached step; a variant passes its own scores.
+    and the serving decoder (``Decoder.blocks``) all run it. Its attention half takes a hook, a
+    function of the normalised input (..., T, d_model) returning the attention's output: by
+    default the layer's forward under ``mask``; :meth:`step` passes the layer's cached step.
 
-    Parameters
-    ----------
-    attn : MultiHeadAttention
-    attn_norm, mlp_norm : ndarray, shape (d_model,)
-        The two RMSNorm weights.
-    W_gate, W_up : ndarray, shape (d_model, d_ff)
-    W_down : ndarray, shape (d_ff, d_model)
-    eps : float, default 1e-5
-        RMSNorm's epsilon.
-
-    Attributes
-    ----------
-    attn, attn_norm, mlp_norm, W_gate, W_up, W_down, eps
-        The arrays themselves (not copies): an optimiser updates them in place.
+    ``attn`` a MultiHeadAttention; ``attn_norm``, ``mlp_norm`` (d_model,) the RMSNorm weights;
+    ``W_gate``, ``W_up`` (d_model, d_ff) and ``W_down`` (d_ff, d_model) the SwiGLU's; ``eps``
+    RMSNorm's epsilon. The block keeps the arrays themselves (an optimiser updates them in place).
 
     Examples
     --------
@@ -484,11 +471,8 @@ class PreNormBlock:
         self.W_gate, self.W_up, self.W_down = (np.asarray(W) for W in (W_gate, W_up, W_down))
 
     def with_attention(self, x, attention=None, mask=None) -> np.ndarray:
-        """``x + attention(rms_norm(x, attn_norm))``: (..., T, d_model) -> (..., T, d_model).
-
-        ``attention`` (a function of the normalised input) defaults to the layer's forward
-        under ``mask``.
-        """
+        """``x + attention(rms_norm(x, attn_norm))``, (..., T, d_model) -> (..., T, d_model);
+        ``attention`` defaults to the layer's forward under ``mask``."""
         a = rms_norm(x, self.attn_norm, self.eps)
         return x + (self.attn(a, mask=mask)[0] if attention is None else attention(a))
 
@@ -502,8 +486,7 @@ class PreNormBlock:
         return self.with_mlp(self.with_attention(x, attention, mask))
 
     def step(self, x, cache) -> np.ndarray:
-        """The block on a chunk of new positions over the attention's KV cache (trusted: the
-        caller checked the cache), through ``MultiHeadAttention.step``'s pieces."""
+        """The block on a chunk of new positions over its layer's KV cache (trusted input)."""
         return self(x, attention=lambda a: self.attn._step(a, cache)[0])
 
     def parameters(self) -> dict[str, np.ndarray]:

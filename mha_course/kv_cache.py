@@ -322,6 +322,34 @@ class KVCache:
             self._len = needed
         self.tokens_seen += n
 
+    @staticmethod
+    def check_step(func: str, layer, x, cache, one: bool = False) -> np.ndarray:
+        """``x`` (..., T, d_model) as a float array for ``layer``'s cached step over ``cache``
+        (``one``: exactly one position, as ``decode_step`` takes), or a ``ValueError`` naming
+        ``func``. The cache is not touched when it fails.
+        """
+        if not isinstance(cache, KVCache):
+            raise fail(func, f"cache is a {type(cache).__name__}; expected a KVCache from this "
+                             "layer's init_cache()")
+        if cache.layer is not layer:
+            raise fail(func, f"cache was made by another layer ({cache.layer!r}); each layer "
+                             "needs its own cache: make one with this layer's init_cache()")
+        name, T = ("x_t", "1") if one else ("x", "T")
+        x = as_float_array(func, name, x)
+        d_model = layer.d_model
+        validate_shape(func, name, x, (T, "d_model"), {"d_model": (d_model, "the layer")})
+        batch = x.shape[:-2]
+        if (one and x.shape[-2] != 1) or batch != cache.batch_shape:
+            also = "" if batch == cache.batch_shape else (
+                f"... = {fmt_shape(cache.batch_shape)} (from the cache), ")
+            raise fail(func, f"{name} has shape {fmt_shape(x.shape)}; expected (..., {T}, "
+                             f"d_model) with {also}d_model={d_model} (from the layer)")
+        if cache.window is not None and x.shape[-2] > 1:
+            raise fail(func, f"the cache has a rolling window={cache.window}; it takes one "
+                             f"token at a time, and x has T={x.shape[-2]}")
+        cache.require_room(x.shape[-2], func)  # before anything is computed or stored
+        return x
+
     def truncate(self, length: int, func: str = "KVCache.truncate") -> None:
         """Keep the first ``length`` positions (``0 <= length <= len(cache)``), as speculative
         decoding rolls rejected drafts back; not for a rolling buffer.

@@ -6,8 +6,9 @@ Taught in ``notebooks/04_multi_head_attention.ipynb``; its options in later less
 
 ``forward`` is exactly lesson 04's recipe: project -> :func:`~mha_course.split_heads` ->
 (RoPE) -> :func:`~mha_course.scaled_dot_product_attention` -> :func:`~mha_course.merge_heads`
--> ``W_o``. :meth:`MultiHeadAttention.decode_step` uses the same pieces on one new token and a
-:class:`~mha_course.KVCache`. A forward ordered for speed and memory lives beside it, in
+-> ``W_o``. :meth:`MultiHeadAttention.step` uses the same pieces on a chunk of new tokens over a
+:class:`~mha_course.KVCache` (prefill, decode, verify; :meth:`~MultiHeadAttention.decode_step`
+is its one-token case). A forward ordered for speed and memory lives beside it, in
 :mod:`mha_course.lean`, tested equal to this one.
 
 Layout: the fused projection ``W_q`` of shape (d_model, h*d_k) holds head ``i`` in columns
@@ -24,65 +25,18 @@ from ._validate import as_float_array, fail, fmt_shape, validate_mask, validate_
 from .attention import causal_mask, scaled_dot_product_attention, validate_scale
 from .backward import SavedActivations, backward
 from .heads import (
+    attend_heads,
     fuse_per_head,
-    group_heads,
     head_dims,
-    kv_for_groups,
     kv_head_count,
     merge_heads,
     project,
+    sdpa_operands,
     split_heads,
     ungroup_heads,
 )
 from .kv_cache import KVCache
 from .positions import apply_rope, validate_layout
-
-
-def attend_heads(q, k, v, mask=None, scale=None):
-    """Scaled dot-product attention of ``h`` query heads over ``g`` key/value heads.
-
-    The one place the layer calls :func:`~mha_course.scaled_dot_product_attention` (its forward,
-    its cached :meth:`~MultiHeadAttention.step`, and the serving wing's caches all attend
-    through here). With ``g = h`` (the standard layer, lesson 04) the heads attend as they are,
-    4-D; with ``g < h`` (GQA, lesson 06) the query heads are grouped with
-    :func:`~mha_course.heads.group_heads`, each group against its one K/V head (broadcast views,
-    never a copy of K or V), and ungrouped again.
-
-    Parameters
-    ----------
-    q : ndarray, shape (..., h, T, d_k)
-    k : ndarray, shape (..., g, S, d_k)
-        ``g`` divides ``h``; query head ``i`` reads K/V head ``i // (h // g)``.
-    v : ndarray, shape (..., g, S, d_v)
-    mask : ndarray of bool, broadcastable to (..., T, S), optional
-        The same for every head (trusted: callers validate it).
-    scale : float, optional
-        None: ``1/√d_k``.
-
-    Returns
-    -------
-    heads : ndarray, shape (..., h, T, d_v)
-    weights : ndarray, shape (..., h, T, S)
-
-    Examples
-    --------
-    >>> q, k = np.ones((4, 3, 2)), np.ones((2, 5, 2))
-    >>> [a.shape for a in attend_heads(q, k, k)]
-    [(4, 3, 2), (4, 3, 5)]
-    """
-    g = k.shape[-3]
-    if g == q.shape[-3]:  # no grouping: every query head has its own K/V head
-        m = None if mask is None else np.asarray(mask)[..., None, :, :]  # (..., 1, T, S)
-        return scaled_dot_product_attention(q, k, v, mask=m, scale=scale)
-    m = None if mask is None else np.asarray(mask)[..., None, None, :, :]  # (..., 1, 1, T, S)
-    heads, weights = scaled_dot_product_attention(
-        group_heads(q, g),  # (..., g, h/g, T, d_k)
-        kv_for_groups(k),  # (..., g, 1, S, d_k)
-        kv_for_groups(v),  # (..., g, 1, S, d_v)
-        mask=m,
-        scale=scale,
-    )  # -> (..., g, h/g, T, d_v), (..., g, h/g, T, S)
-    return ungroup_heads(heads), ungroup_heads(weights)  # (..., h, T, d_v | S)
 
 
 class MultiHeadAttention:
@@ -224,16 +178,9 @@ class MultiHeadAttention:
         **options
             ``rope``, ``rope_base`` and ``scale``, as for the constructor.
 
-        Returns
-        -------
-        MultiHeadAttention
-            Whose fused ``W_q`` is ``concatenate(W_q, axis=1)`` (and likewise for K and V).
-
-        Raises
-        ------
-        ValueError
-            If the per-head matrices disagree in shape or with ``W_o``, or the number of K/V
-            heads does not divide the number of query heads.
+        Returns the layer whose fused ``W_q`` is ``concatenate(W_q, axis=1)`` (likewise K and V).
+        Raises a ``ValueError`` if the per-head matrices disagree in shape or with ``W_o``, or
+        the number of K/V heads does not divide the number of query heads.
 
         Examples
         --------
@@ -252,12 +199,8 @@ class MultiHeadAttention:
     def per_head(self) -> dict[str, np.ndarray]:
         """The projections in the article's per-head layout.
 
-        Returns
-        -------
-        dict
-            ``"W_q"``: (h, d_model, d_k); ``"W_k"``: (g, d_model, d_k); ``"W_v"``:
-            (g, d_model, d_v), with g = ``n_kv_heads`` (= h unless the layer uses GQA);
-            ``"W_o"``: (h, d_v, d_model), the rows of ``W_o`` that read head ``i``.
+        ``"W_q"``: (h, d_model, d_k); ``"W_k"``: (g, d_model, d_k); ``"W_v"``: (g, d_model,
+        d_v), g = ``n_kv_heads``; ``"W_o"``: (h, d_v, d_model), the rows of ``W_o`` reading head i.
 
         Examples
         --------
@@ -347,12 +290,10 @@ class MultiHeadAttention:
             Every head's attention weights (or the saved activations, with
             ``return_cache=True``).
 
-        Raises
-        ------
-        ValueError
-            On a wrong last axis, batch axes of ``x`` and ``context`` that do not broadcast, a
-            mask that does not broadcast to (..., T, S), non-float input, ``context`` given
-            to a layer with RoPE, or ``return_cache=True`` on a layer with a ``scale``.
+        Raises a ``ValueError`` on a wrong last axis, batch axes of ``x`` and ``context`` that
+        do not broadcast, a mask that does not broadcast to (..., T, S), non-float input,
+        ``context`` given to a layer with RoPE, a ``head_mask`` not of shape (h,), or
+        ``return_cache=True`` with a ``head_mask`` or on a layer with a ``scale``.
 
         Examples
         --------
@@ -372,7 +313,11 @@ class MultiHeadAttention:
         mask = None if mask is None else mask[..., 0, 0, :, :]  # (..., T, S)
         q, k, v = self._heads(*self._project(x, kv_input, dtype))  # (..., h | g, T | S, d)
         q, k = self._rope(q), self._rope(k)  # RoPE on queries and keys, never values
-        heads, weights = attend_heads(q, k, v, mask, self.scale)  # (..., h, T, d_v | S)
+        # GQA (lesson 06): h/g query heads per K/V head, (..., g, h/g, T, d) views; else 4-D
+        heads, weights = scaled_dot_product_attention(*sdpa_operands(q, k, v, mask),
+                                                      scale=self.scale)
+        if self.n_kv_heads < self.h:
+            heads, weights = ungroup_heads(heads), ungroup_heads(weights)  # (..., h, T, d_v | S)
         if head_mask is not None:  # scale each head's output: (h,) -> (h, 1, 1)
             heads = heads * head_mask[:, None, None]
         concat = merge_heads(heads)  # (..., h, T, d_v) -> (..., T, h*d_v)
@@ -389,30 +334,14 @@ class MultiHeadAttention:
 
     # ------------------------------------------------------------------ decoding with a cache
     def init_cache(self, batch_shape=(), max_len=None, *, dtype=None, window=None):
-        """An empty KV cache for decoding with this layer, one token at a time.
+        """An empty :class:`~mha_course.KVCache` for :meth:`step` / :meth:`decode_step`.
 
-        Parameters
-        ----------
-        batch_shape : tuple of int, default ()
-            The leading axes ``...`` of every ``x_t`` that :meth:`decode_step` will get.
-        max_len : int, optional
-            Most positions to hold, preallocated; None lets the cache grow (by doubling).
-        dtype : numpy dtype, optional
-            Dtype of the stored keys and values; default: that of the first ``x_t``.
-        window : int, optional
-            A rolling buffer of the last ``window`` positions: decoding then equals
-            ``forward(x, mask=sliding_window_mask(T, window))``, in memory that stays flat.
-
-        Returns
-        -------
-        KVCache
-            Empty; its buffers will have shape (..., n_kv_heads, capacity, d_k | d_v).
-
-        Raises
-        ------
-        ValueError
-            If ``batch_shape`` is not a tuple of non-negative integers, ``max_len`` or
-            ``window`` is not a positive integer, or ``dtype`` is not a floating dtype.
+        ``batch_shape``: the leading axes ``...`` of every input it will get; ``max_len``: most
+        positions, preallocated (None: grown by doubling); ``dtype``: of the stored keys and
+        values (default: the first input's); ``window``: a rolling buffer of the last
+        ``window`` positions (decoding then equals ``forward(x, mask=sliding_window_mask(T,
+        window))`` in flat memory). Buffers (..., n_kv_heads, capacity, d_k | d_v). Raises a
+        ``ValueError`` on a bad ``batch_shape``, ``max_len``, ``window`` or ``dtype``.
 
         Examples
         --------
@@ -423,13 +352,12 @@ class MultiHeadAttention:
         return KVCache(self, batch_shape, max_len, dtype=dtype, window=window)
 
     def _validate_head_mask(self, head_mask, return_cache) -> np.ndarray:
-        func = "MultiHeadAttention.forward"
-        if return_cache:
-            raise fail(func, "head_mask is for evaluation; backward needs the unmasked forward")
-        m = as_float_array(func, "head_mask", head_mask)
-        if m.shape != (self.h,):
-            raise fail(func, f"head_mask has shape {fmt_shape(m.shape)}; expected (h,) = "
-                             f"({self.h},)")
+        func, m = "MultiHeadAttention.forward", as_float_array("MultiHeadAttention.forward",
+                                                               "head_mask", head_mask)
+        if return_cache or m.shape != (self.h,):
+            raise fail(func, "head_mask is for evaluation; backward needs the unmasked forward"
+                       if return_cache else f"head_mask has shape {fmt_shape(m.shape)}; "
+                       f"expected (h,) = ({self.h},)")
         return m
 
     # --------------------------------------- the pieces forward and step are built from
@@ -458,13 +386,9 @@ class MultiHeadAttention:
         return project(concat, self.W_o, self.b_o, dtype)
 
     def _attend_cached(self, q, k, v, cache):
-        """The middle of :meth:`step`: the chunk's unrotated heads q (..., h, T, d_k),
-        k (..., g, T, d_k), v (..., g, T, d_v) -> heads (..., h, T, d_v), weights (..., h, T, L).
-
-        Rotates q and k at the chunk's positions (after the ``cache.tokens_seen`` already
-        cached), appends k and v to ``cache`` (trusted: the caller checked its room), and attends
-        over all ``L`` cached positions under the bottom-right causal mask (T, L).
-        """
+        """The middle of :meth:`step`, trusted: unrotated q (..., h, T, d_k), k (..., g, T, d_k),
+        v (..., g, T, d_v) rotated at positions ``cache.tokens_seen + 0..T-1``, k and v appended,
+        attention over all L cached positions, bottom-right causal -> heads, weights."""
         T = q.shape[-2]
         positions = cache.tokens_seen + np.arange(T)
         q, k = self._rope(q, positions), self._rope(k, positions)
@@ -487,26 +411,12 @@ class MultiHeadAttention:
         ``t`` sees the cache and the chunk up to itself), merge heads, ``W_o``. Stepping through
         a sequence in chunks of any sizes gives the rows of ``forward(x, mask=causal_mask(T))``.
 
-        Parameters
-        ----------
-        x : ndarray of float, shape (..., T, d_model)
-            The chunk's input; ``...`` must be the cache's ``batch_shape``.
-        cache : KVCache
-            From this layer's :meth:`init_cache`; updated in place. A rolling ``window`` takes
-            one token at a time (``T = 1``).
-
-        Returns
-        -------
-        out : ndarray, shape (..., T, d_model)
-        weights : ndarray, shape (..., h, T, L)
-            Every head's weights over the ``L = len(cache)`` cached positions, oldest first.
-
-        Raises
-        ------
-        ValueError
-            If ``x`` has the wrong width or batch axes or is not float; if ``cache`` is not a
-            KVCache of this layer, has no room for ``T`` more positions, or has a rolling window
-            and ``T > 1``. The cache is then left unchanged.
+        x (..., T, d_model), ``...`` the cache's ``batch_shape``; ``cache`` from this layer's
+        :meth:`init_cache`, updated in place (a rolling ``window`` takes ``T = 1``) -> out
+        (..., T, d_model), weights (..., h, T, L) over the ``L = len(cache)`` cached positions,
+        oldest first. Raises a ``ValueError`` (and leaves the cache unchanged) if ``x`` has the
+        wrong width or batch axes or is not float, or ``cache`` is not this layer's KVCache, has
+        no room for T more positions, or has a window and ``T > 1``.
 
         Examples
         --------
@@ -520,7 +430,7 @@ class MultiHeadAttention:
         >>> bool(np.allclose(np.concatenate([prefill, decode]), full[:4])), weights.shape
         (True, (4, 1, 4))
         """
-        x = self._validate_step("MultiHeadAttention.step", x, cache)
+        x = KVCache.check_step("MultiHeadAttention.step", self, x, cache)
         return self._step(x, cache)
 
     def _step(self, x, cache):
@@ -534,32 +444,13 @@ class MultiHeadAttention:
         """:meth:`step` for one new position (``T = 1``), as lesson 06 decodes.
 
         Project the new token, append its key and value (one per K/V head) to ``cache``, attend
-        its query over all ``L`` cached positions (no mask is needed: every cached key is at or
-        before the new token), merge the heads, ``W_o``. Decoding T tokens one at a time gives
-        the rows of ``forward(x, mask=causal_mask(T))`` (with a rolling ``window``: of
-        ``sliding_window_mask(T, window)``), at O(d_model² + L·d_model) per step. With RoPE the
-        new token sits at position ``cache.tokens_seen``, the number of tokens before it.
-
-        Parameters
-        ----------
-        x_t : ndarray of float, shape (..., 1, d_model)
-            The new position's input; ``...`` must be the cache's ``batch_shape``.
-        cache : KVCache
-            From this layer's :meth:`init_cache`; updated in place.
-
-        Returns
-        -------
-        out_t : ndarray, shape (..., 1, d_model)
-        weights_t : ndarray, shape (..., h, 1, L)
-            Every head's weights over the ``L = len(cache)`` positions, this one included,
-            oldest first.
-
-        Raises
-        ------
-        ValueError
-            If ``x_t`` holds more than one position, has the wrong width or batch axes, or is
-            not float; if ``cache`` is not a KVCache of this layer; or if it is full
-            (``max_len``). The cache is left unchanged.
+        its query over all ``L`` cached positions (every cached key is at or before it: no
+        mask), merge the heads, ``W_o``. Decoding T tokens one at a time gives the rows of
+        ``forward(x, mask=causal_mask(T))`` (with a rolling ``window``: of
+        ``sliding_window_mask(T, window)``), at O(d_model² + L·d_model) per step; with RoPE the
+        token sits at position ``cache.tokens_seen``. x_t (..., 1, d_model) -> out_t
+        (..., 1, d_model), weights_t (..., h, 1, L), oldest first. Raises as :meth:`step` does,
+        and if ``x_t`` holds more than one position.
 
         Examples
         --------
@@ -570,43 +461,8 @@ class MultiHeadAttention:
         >>> out_t.shape, weights_t.shape
         ((1, 8), (2, 1, 3))
         """
-        return self._step(self._validate_step("MultiHeadAttention.decode_step", x_t, cache,
-                                              one=True), cache)
-
-    def _validate_step(self, func, x, cache, one=False) -> np.ndarray:
-        """:meth:`step`'s input validation (``one``: :meth:`decode_step`'s single position);
-        the cache is not touched when it fails."""
-        if not isinstance(cache, KVCache):
-            raise fail(
-                func,
-                f"cache is a {type(cache).__name__}; expected a KVCache from this layer's "
-                "init_cache()",
-            )
-        if cache.layer is not self:
-            raise fail(
-                func,
-                f"cache was made by another layer ({cache.layer!r}); each layer needs its own "
-                "cache: make one with this layer's init_cache()",
-            )
-        name, T = ("x_t", "1") if one else ("x", "T")
-        x = as_float_array(func, name, x)
-        d_model = self.d_model
-        validate_shape(func, name, x, (T, "d_model"), {"d_model": (d_model, "the layer")})
-        batch = x.shape[:-2]
-        if (one and x.shape[-2] != 1) or batch != cache.batch_shape:
-            also = "" if batch == cache.batch_shape else (
-                f"... = {fmt_shape(cache.batch_shape)} (from the cache), "
-            )
-            raise fail(
-                func,
-                f"{name} has shape {fmt_shape(x.shape)}; expected (..., {T}, d_model) with "
-                f"{also}d_model={d_model} (from the layer)",
-            )
-        if cache.window is not None and x.shape[-2] > 1:
-            raise fail(func, f"the cache has a rolling window={cache.window}; it takes one "
-                             f"token at a time, and x has T={x.shape[-2]}")
-        cache.require_room(x.shape[-2], func)  # before anything is computed or stored
-        return x
+        func = "MultiHeadAttention.decode_step"
+        return self._step(KVCache.check_step(func, self, x_t, cache, one=True), cache)
 
     def backward(self, grad_out, saved) -> dict[str, np.ndarray]:
         """Gradients of a loss with respect to the inputs and every parameter.

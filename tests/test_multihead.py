@@ -20,7 +20,7 @@ from mha_course import (
     scaled_dot_product_attention,
     split_heads,
 )
-from mha_course.multihead import attend_heads
+from mha_course.heads import attend_heads
 
 moderate = st.floats(-2, 2, allow_nan=False, allow_infinity=False)
 small = st.integers(1, 4)
@@ -401,17 +401,20 @@ def test_attend_heads_reads_kv_head_i_over_h_by_g_for_query_head_i(rng, g):
         np.testing.assert_allclose(weights[:, i], want_w, rtol=1e-12, atol=1e-12)
 
 
-def test_forward_and_every_step_attend_through_attend_heads(rng, monkeypatch):
-    """One attention path: forward, step and decode_step all call attend_heads once per call
-    and return what it returns."""
+def test_forward_and_every_step_attend_through_scaled_dot_product_attention(rng, monkeypatch):
+    """One attention path: forward, step and decode_step each call lesson 03's
+    scaled_dot_product_attention once (through attend_heads for the steps)."""
+    import mha_course.heads as heads_module
+
     calls = []
-    real = multihead_module.attend_heads
+    real = multihead_module.scaled_dot_product_attention
 
     def spy(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(multihead_module, "attend_heads", spy)
+    monkeypatch.setattr(multihead_module, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(heads_module, "scaled_dot_product_attention", spy)
     layer = conftest.random_layer(rng, d_model=12, h=4, n_kv_heads=2)
     x = rng.normal(size=(B, T, 12))
     layer(x, mask=causal_mask(T))

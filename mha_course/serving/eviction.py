@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._validate import fail, validate_positive_int
-from ..multihead import attend_heads
+from ..heads import attend_heads
 
 POLICIES = ("window", "sinks", "h2o", "snapkv")
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from .._validate import fail, validate_positive_int
 from ..attention import causal_mask
-from ..multihead import attend_heads
+from ..heads import attend_heads
 from .paged_cache import PagedKVCache
 
 

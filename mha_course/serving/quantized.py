@@ -25,7 +25,7 @@ import numpy as np
 
 from .._validate import fail
 from ..attention import causal_mask
-from ..multihead import attend_heads
+from ..heads import attend_heads
 
 FP8 = ml_dtypes.float8_e4m3fn
 FP8_MAX = float(ml_dtypes.finfo(FP8).max)  # 448

@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._validate import fail, validate_positive_int
-from ..multihead import attend_heads
+from ..heads import attend_heads
 from .decoder import ContiguousCache, probabilities
 
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from .._validate import fail, refuse_layer_scale, validate_positive_int
 from ..heads import group_heads, kv_for_groups, merge_heads, ungroup_heads
+from ..kv_cache import KVCache
 from ..parallel.ring import merge_partials
 from ..tiled import tiled_attention
 
@@ -90,7 +91,7 @@ def split_kv_decode_step(layer, x_t, cache, n_splits: int):
     in ``n_splits`` chunks and combines them. x_t (..., 1, d_model) -> out_t (..., 1, d_model).
     """
     refuse_layer_scale("split_kv_decode_step", layer)
-    x_t = layer._validate_step("split_kv_decode_step", x_t, cache, one=True)
+    x_t = KVCache.check_step("split_kv_decode_step", layer, x_t, cache, one=True)
     # the layer's own pieces, as its step: project (biases), split heads, RoPE at the position
     q, k, v = layer._heads(*layer._project(x_t, x_t, x_t.dtype))  # (..., h | g, T, d_k | d_v)
     positions = cache.tokens_seen + np.arange(x_t.shape[-2])
