@@ -185,3 +185,17 @@ def test_gpt_step_equals_gpt_forward(sizes):
     caches = model.init_cache(batch_shape=(2,))
     got = np.concatenate([model.step(tokens[:, s], caches) for s in split(7, sizes)], axis=1)
     np.testing.assert_allclose(got, model.forward(tokens), rtol=1e-10, atol=1e-10)
+
+
+def test_one_ragged_pass_over_every_kind_of_cache_equals_each_sequence_alone():
+    # step_many: one product per weight for all sequences, attention by each one's own cache
+    rng = np.random.default_rng(9)
+    prompts = [rng.integers(0, DEC.vocab, n) for n in (6, 3, 8, 5)]
+    caches = [ContiguousCache(DEC), PagedStore(DEC, n_blocks=8, block_size=4).new_sequence(),
+              QuantizedCache(DEC, keys="none", values="none"),
+              EvictingCache(DEC, budget=8, policy="snapkv", obs_window=2)]
+    first = DEC.step_many([p[:2] for p in prompts], caches)
+    rest = DEC.step_many([p[2:] for p in prompts], caches)
+    for p, a, b in zip(prompts, first, rest, strict=True):
+        np.testing.assert_allclose(np.concatenate([a, b]), DEC.forward(p), rtol=1e-9,
+                                   atol=1e-9)
