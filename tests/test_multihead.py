@@ -480,3 +480,19 @@ def test_a_bad_scale_and_backward_with_a_scale_are_named_errors(rng):
                                          r"what backward needs, and backward assumes the scale "
                                          r"1/sqrt\(d_k\); this layer has scale=0.3"):
         layer(rng.normal(size=(T, D_MODEL)), return_cache=True)
+
+
+def test_head_mask_zero_ablates_a_head_as_zeroing_its_rows_of_W_o(rng):
+    layer = conftest.random_layer(rng, d_model=12, h=4, n_kv_heads=2, bias=True)
+    x = rng.normal(size=(B, T, 12))
+    got, _ = layer(x, mask=causal_mask(T), head_mask=[1.0, 0.0, 1.0, 1.0])
+    W_o = layer.W_o.copy()
+    layer.W_o[3:6] = 0.0  # head 1's rows (d_v = 3)
+    want, _ = layer(x, mask=causal_mask(T))
+    layer.W_o[...] = W_o
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    assert not np.allclose(got, layer(x, mask=causal_mask(T))[0])
+    with pytest.raises(ValueError, match=r"^MultiHeadAttention.forward: head_mask has shape "):
+        layer(x, head_mask=[1.0, 0.0])
+    with pytest.raises(ValueError, match=r"^MultiHeadAttention.forward: head_mask is for "):
+        layer(x, head_mask=np.ones(4), return_cache=True)
