@@ -330,9 +330,15 @@ def probabilities(logits, temperature: float = 1.0) -> np.ndarray:
     return z / z.sum(axis=-1, keepdims=True)
 
 
+def draw(dist, rng) -> int:
+    """One id from ``dist`` (V,) (weights, not necessarily normalised) by the inverse CDF of one
+    uniform number: the first id whose cumulative weight exceeds ``u · total``."""
+    cdf = np.cumsum(dist)
+    return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(cdf) - 1))
+
+
 def sample_token(logits, temperature: float, rng) -> int:
-    """Greedy (``temperature=0``: the argmax) or one draw by the inverse CDF of one uniform."""
+    """Greedy (``temperature=0``: the argmax) or one :func:`draw` from the softmax."""
     if temperature == 0:
         return int(np.argmax(logits))
-    cdf = np.cumsum(probabilities(logits, temperature))
-    return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(cdf) - 1))
+    return draw(probabilities(logits, temperature), rng)

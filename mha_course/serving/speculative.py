@@ -32,7 +32,7 @@ import numpy as np
 
 from .._validate import fail, validate_positive_int
 from ..heads import attend_heads
-from .decoder import ContiguousCache, probabilities
+from .decoder import ContiguousCache, draw, probabilities
 
 
 # ----------------------------------------------------------------- one position, exactly
@@ -120,13 +120,7 @@ def _choose(logits, temperature, rng):
         token = int(np.argmax(logits))
         return token, None
     q = probabilities(logits, temperature)
-    token = int(min(np.searchsorted(np.cumsum(q), rng.random(), side="right"), len(q) - 1))
-    return token, q
-
-
-def _draw(dist, rng) -> int:
-    return int(min(np.searchsorted(np.cumsum(dist), rng.random() * dist.sum(), side="right"),
-                   len(dist) - 1))
+    return draw(q, rng), q
 
 
 def verify(rows, drafts, qs, temperature: float, rng, rule=None) -> list[int]:
@@ -154,11 +148,11 @@ def verify(rows, drafts, qs, temperature: float, rng, rule=None) -> list[int]:
         else:
             p = probabilities(rows[i], temperature)
             if not rng.random() < accept(p, qs[i])[d]:
-                return emitted + [_draw(resample(p, qs[i]), rng)]
+                return emitted + [draw(resample(p, qs[i]), rng)]
         emitted.append(int(d))
     last = rows[len(drafts)]  # every draft accepted: a bonus token from the last row
     return emitted + [int(np.argmax(last)) if temperature == 0
-                      else _draw(probabilities(last, temperature), rng)]
+                      else draw(probabilities(last, temperature), rng)]
 
 
 def speculative_generate(target, draft, prompt, n_new: int, k: int, *, temperature: float = 0.0,
