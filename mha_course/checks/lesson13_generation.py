@@ -38,7 +38,7 @@ NUCLEUS = ("the nucleus is the smallest set of most probable tokens whose probab
            "least p")
 TEMPERATURE = ("temperature reshapes the distribution: softmax(logits / τ), so τ < 1 sharpens it, "
                "τ > 1 flattens it and τ = 1 is the model's own softmax")
-LAYER_CALLS = ("forward", "__call__", "decode_step", "init_cache")
+LAYER_CALLS = ("forward", "__call__", "step", "decode_step", "init_cache")
 
 
 def _distribution(ex, got, shape, label):
@@ -178,8 +178,7 @@ def check_decode_offset(fn) -> None:
         want = layer(x, mask=causal_mask(T))[0]
         got = call(ex, fn, (layer, x, n_prompt), ("layer", "x", "n_prompt"),
                    forbid={**{f"mha_course.MultiHeadAttention.{m}": "fix the loop, not "
-                              "replace it by the layer's own passes" for m in LAYER_CALLS},
-                           "mha_course.chunked.attend_chunk": "fix the loop"})
+                              "replace it by the layer's own passes" for m in LAYER_CALLS}})
         label = (f"{layer!r}, {T} positions after a prompt of {n_prompt}")
         out = array(ex, got, want.shape, f"your outputs for {label}", "(T, d_model)")
         found = P.moved_text(want, out)
