@@ -12,9 +12,9 @@ The package is in wings, and imports point down this list:
   reports; one check module per lesson, the interview drill's in ``checks.drill``); may import
   the models and the attention;
 - ``mha_course.models``: what learns (tasks, the tiny model, the GPT and its variants, training,
-  specialisation scores, shipped weights); may import the attention and its variants;
+  specialisation scores, shipped weights); may import serving, the variants and the attention;
 - ``mha_course.serving`` (lesson 10: the decoder, paged and compressed caches, scheduling,
-  speculative and split-KV decoding) and ``mha_course.parallel`` (lesson 11: simulated devices
+  speculative and split-KV decoding; lesson 09's sampling) and ``mha_course.parallel`` (lesson 11: simulated devices
   and collectives, tensor, ring and Ulysses parallelism, activation memory, packing, precision):
   attention as a server and a cluster run it; may import the attention;
 - ``mha_course.variants``: the attention of recent models (MLA, RoPE scaling, sinks, logit

@@ -13,7 +13,7 @@ import pytest
 import mha_course
 from mha_course import apply_rope, causal_mask, checks, merge_heads, rms_norm, split_heads
 from mha_course.checks import CheckFailed, lesson09
-from mha_course.models import sampling
+from mha_course.serving import sampling
 
 # ------------------------------------------------------------------ correct implementations
 
@@ -177,7 +177,7 @@ MISTAKES = [
     ("top-p-probabilities", "check_top_p", _kind(_top_p, "probabilities"),
      r"you returned probabilities"),
     ("top-p-calls-the-package", "check_top_p", lambda lg, p: sampling.top_p_filter(lg, p),
-     r"your answer calls .*mha_course\.models\.sampling\.top_p_filter"),
+     r"your answer calls .*mha_course\.serving\.sampling\.top_p_filter"),
     ("cached-stale-logits", "check_cached_sampling", _kind(_sample_cached, "stale"),
      r"chosen from the logits of the step before"),
     ("cached-whole-sequence", "check_cached_sampling", _kind(_sample_cached, "whole_sequence"),

@@ -23,7 +23,7 @@ from .. import (
     softmax,
     split_heads,
 )
-from ..models.sampling import top_p_filter
+from ..serving.sampling import top_p_filter
 from ..variants.entropy import attention_entropy
 from . import properties as P
 from .harness import call, compare, fmt, passed
@@ -88,8 +88,8 @@ def check_nucleus(fn) -> None:
     for label, logits, p in probes:
         want = softmax(top_p_filter(logits, p))
         got = call(ex, fn, (logits.copy(), p), ("logits", "p"),
-                   forbid={"mha_course.models.sampling.top_p_filter": "fix the filter",
-                           "mha_course.models.sampling.next_token": "fix the filter"})
+                   forbid={"mha_course.serving.sampling.top_p_filter": "fix the filter",
+                           "mha_course.serving.sampling.next_token": "fix the filter"})
         arr = _distribution(ex, got, want.shape, label)
         probs = softmax(logits)
         kept = arr > 0
@@ -119,8 +119,8 @@ def check_temperature(fn) -> None:
         for tau in (0.5, 1.0, 2.0):
             label = f"for logits of shape {shape} at temperature {tau}"
             got = call(ex, fn, (logits.copy(), tau), ("logits", "temperature"),
-                       forbid={"mha_course.models.sampling.apply_temperature": "fix the "
-                               "temperature yourself", "mha_course.models.sampling.next_token":
+                       forbid={"mha_course.serving.sampling.apply_temperature": "fix the "
+                               "temperature yourself", "mha_course.serving.sampling.next_token":
                                "fix the temperature yourself"})
             outs[tau] = _distribution(ex, got, shape, label)
         label = f"for logits of shape {shape}"
