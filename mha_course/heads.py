@@ -51,6 +51,14 @@ def split_heads(x, h: int) -> np.ndarray:
     *lead, T, D = x.shape
     if D % h:
         raise fail(func, f"x has shape {x.shape}; its last axis {D} is not divisible by h={h}")
+    return split_heads_unchecked(x, h)
+
+
+def split_heads_unchecked(x: np.ndarray, h: int) -> np.ndarray:
+    """:func:`split_heads` without its checks, for an ``x`` the caller validated (the layer's
+    own projections): ``h`` a positive integer that divides the last axis of ``x`` (..., T, h*d).
+    """
+    *lead, T, D = x.shape
     # (..., T, h*d) -> (..., T, h, d) -> (..., h, T, d)
     return np.swapaxes(x.reshape(*lead, T, h, D // h), -2, -3)
 

@@ -6,7 +6,9 @@ Taught in ``notebooks/04_multi_head_attention.ipynb``; its options in later less
 
 ``forward`` is exactly lesson 04's recipe: project -> :func:`~mha_course.split_heads` ->
 (RoPE) -> :func:`~mha_course.scaled_dot_product_attention` -> :func:`~mha_course.merge_heads`
--> ``W_o``. :meth:`MultiHeadAttention.decode_step` uses the same pieces on one new token and a
+-> ``W_o``, its input checked once at the top and then trusted: it calls those functions'
+``*_unchecked`` kernels, as nanoGPT asserts once and trusts inside.
+:meth:`MultiHeadAttention.decode_step` uses the same pieces on one new token and a
 :class:`~mha_course.KVCache`. A forward ordered for speed and memory lives beside it, in
 :mod:`mha_course.lean`, tested equal to this one.
 
@@ -21,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._validate import as_float_array, fail, fmt_shape, validate_mask, validate_shape
-from .attention import scaled_dot_product_attention, validate_scale
+from .attention import scaled_dot_product_attention, sdpa_unchecked, validate_scale
 from .backward import SavedActivations, backward
 from .heads import (
     fuse_per_head,
@@ -32,10 +34,11 @@ from .heads import (
     merge_heads,
     project,
     split_heads,
+    split_heads_unchecked,
     ungroup_heads,
 )
 from .kv_cache import KVCache
-from .positions import apply_rope, validate_layout
+from .positions import apply_rope, rope_unchecked, validate_layout
 
 
 class MultiHeadAttention:
@@ -318,20 +321,22 @@ class MultiHeadAttention:
         x, kv_input, mask = self.validate_inputs(x, context, mask)
         dtype = np.result_type(x, kv_input)
         h, g = self.h, self.n_kv_heads
-        q = split_heads(project(x, self.W_q, self.b_q, dtype), h)  # (..., h, T, d_k)
-        k = split_heads(project(kv_input, self.W_k, self.b_k, dtype), g)  # (..., g, S, d_k)
-        v = split_heads(project(kv_input, self.W_v, self.b_v, dtype), g)  # (..., g, S, d_v)
+        # Checked once above; the *_unchecked kernels trust it (no re-validation).
+        split = split_heads_unchecked
+        q = split(project(x, self.W_q, self.b_q, dtype), h)  # (..., h, T, d_k)
+        k = split(project(kv_input, self.W_k, self.b_k, dtype), g)  # (..., g, S, d_k)
+        v = split(project(kv_input, self.W_v, self.b_v, dtype), g)  # (..., g, S, d_v)
         if self.rope is not None:  # rotate queries and keys by their positions, never values
-            q = apply_rope(q, base=self.rope_base, layout=self.rope)  # (..., h, T, d_k)
-            k = apply_rope(k, base=self.rope_base, layout=self.rope)  # (..., g, S, d_k)
+            q = rope_unchecked(q, None, self.rope_base, self.rope)  # (..., h, T, d_k)
+            k = rope_unchecked(k, None, self.rope_base, self.rope)  # (..., g, S, d_k)
         # GQA: the query heads in g groups, each against its one K/V head (broadcast views;
         # with g = h, the standard layer, every group holds one head).
-        heads, weights = scaled_dot_product_attention(
+        heads, weights = sdpa_unchecked(
             group_heads(q, g),  # (..., g, h/g, T, d_k)
             kv_for_groups(k),  # (..., g, 1, S, d_k)
             kv_for_groups(v),  # (..., g, 1, S, d_v)
-            mask=mask,  # (..., 1, 1, T, S)
-            scale=self.scale,  # None: 1/√d_k
+            mask,  # (..., 1, 1, T, S)
+            self.scale,  # None: 1/√d_k
         )  # -> (..., g, h/g, T, d_v), (..., g, h/g, T, S)
         heads, weights = ungroup_heads(heads), ungroup_heads(weights)  # (..., h, T, d_v | S)
         concat = merge_heads(heads)  # (..., h, T, d_v) -> (..., T, h*d_v)

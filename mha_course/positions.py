@@ -194,7 +194,15 @@ def apply_rope(x, positions=None, *, base: float = 10000.0, layout: str = "half"
         raise fail(
             func, f"positions has shape {fmt_shape(positions.shape)}; expected (T,) = ({T},)"
         )
-    theta = rope_angles(positions, d, base)  # (T, d/2), float64
+    return rope_unchecked(x, positions, base, layout)
+
+
+def rope_unchecked(x: np.ndarray, positions, base: float, layout: str) -> np.ndarray:
+    """:func:`apply_rope`'s kernel, on inputs already validated (``x`` float (..., T, d) with
+    ``d`` even, ``positions`` integers (T,) or None for ``arange(T)``, ``base`` > 1, ``layout``
+    one of :data:`LAYOUTS`); the layer calls it inside its forward."""
+    T, d = x.shape[-2:]
+    theta = rope_angles(np.arange(T) if positions is None else positions, d, base)  # (T, d/2)
     cos, sin = np.cos(theta).astype(x.dtype), np.sin(theta).astype(x.dtype)
     if layout == "half":
         a, b = x[..., : d // 2], x[..., d // 2 :]  # pair j = (j, j + d/2)

@@ -387,15 +387,19 @@ def test_generator_is_accepted_as_rng():
 # ------------------------------------------------------------------------ one attention path
 def test_forward_and_decode_step_attend_through_scaled_dot_product_attention(rng, monkeypatch):
     """The layer is composed of the lessons' pieces: every forward and every decoding step goes
-    through the one scaled_dot_product_attention (lesson 03), whose output it returns."""
+    through the one scaled_dot_product_attention (lesson 03), whose output it returns: the
+    forward through its kernel ``sdpa_unchecked`` (the layer validated its input already)."""
+    import mha_course.attention as attention_module
+
     calls = []
-    real = multihead_module.scaled_dot_product_attention
+    real = attention_module.sdpa_unchecked
 
-    def spy(q, k, v, mask=None, *, scale=None):
+    def spy(q, k, v, mask=None, scale=None, **hooks):
         calls.append((q.shape, k.shape, None if mask is None else np.shape(mask)))
-        return real(q, k, v, mask=mask, scale=scale)
+        return real(q, k, v, mask, scale, **hooks)
 
-    monkeypatch.setattr(multihead_module, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(multihead_module, "sdpa_unchecked", spy)  # the forward's kernel call
+    monkeypatch.setattr(attention_module, "sdpa_unchecked", spy)  # what the public function runs
     layer = conftest.random_layer(rng, d_model=12, h=4, n_kv_heads=2)
     x = rng.normal(size=(B, T, 12))
     layer(x, mask=causal_mask(T))
