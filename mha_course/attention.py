@@ -107,9 +107,9 @@ def sdpa_unchecked(q, k, v, mask=None, scale=None, *, score_mod=None, sink=None,
     ``q``, ``k``, ``v`` float arrays of compatible shapes, ``mask`` bool broadcastable to
     (..., T, S) or None, ``scale`` a float or None, ``sink`` a float array broadcastable to
     (..., T, 1) or None. Nothing is re-checked (the layer calls it once per forward, after its
-    own validation) except the shape ``score_mod`` returns. ``func`` names the public function
+    own validation) except the shape ``score_mod`` returns; ``func`` names the public function
     in that error. With a ``sink`` it returns ``(out, weights, sink_weight)``, ``sink_weight``
-    (..., T).
+    (..., T) the share of each row that went to the sink (:func:`softmax_with_sink_unchecked`).
     """
     T, d_k = q.shape[-2:]
     S = k.shape[-2]
@@ -130,8 +130,9 @@ def sdpa_unchecked(q, k, v, mask=None, scale=None, *, score_mod=None, sink=None,
                        f"score_mod returned shape {fmt_shape(np.shape(new))}; expected the "
                        f"scores' shape {fmt_shape(scores.shape)}")
         scores = new if new is scores else np.array(new, dtype=scores.dtype)
-    if sink is not None:
-        return _attend_with_sink(scores, v, mask, sink)
+    if sink is not None:  # 3-4 with the sink's column in the softmax, dropped after it
+        weights, sink_weight = softmax_with_sink_unchecked(scores, sink, mask)
+        return weights @ v, weights, sink_weight
     # 3. Mask (-inf where the mask is False) and softmax over the keys, in place: the score
     #    buffer becomes the weights, so one (..., T, S) array is ever held.
     weights = softmax_inplace(scores, axis=-1, mask=mask)
@@ -140,22 +141,26 @@ def sdpa_unchecked(q, k, v, mask=None, scale=None, *, score_mod=None, sink=None,
     return out, weights
 
 
-def _attend_with_sink(scores, v, mask, sink):
-    """Steps 3 and 4 with a sink logit: the softmax of ``[scores | sink]``, its last column
-    dropped. ``(out, weights, sink_weight)``; the weights are a view of the (..., T, S + 1)
-    buffer."""
+def softmax_with_sink_unchecked(scores, sink, mask=None):
+    """The softmax of ``[scores | sink]`` along the last axis, the sink's column dropped: the
+    gpt-oss reference's ``sdpa`` step, on arrays the caller validated (``sink`` broadcasts to
+    (..., T, 1), ``mask`` to (..., T, S), True = may attend; the sink is always allowed).
+
+    Returns ``(weights, sink_weight)``: (..., T, S), a view of the (..., T, S + 1) buffer, and
+    (..., T), the share of each row that went to the sink (1 on a fully masked row).
+    :func:`mha_course.sinks.softmax_with_sink` is the checked version.
+    """
     S = scores.shape[-1]
-    shape = np.broadcast_shapes(scores.shape[:-1] + (1,), np.shape(sink))
-    lead = np.broadcast_shapes(shape[:-1], scores.shape[:-1])
+    lead = np.broadcast_shapes(scores.shape[:-1], np.shape(sink)[:-1])
     both = np.empty((*lead, S + 1), dtype=scores.dtype)  # (..., T, S + 1)
     both[..., :S] = scores
     both[..., S:] = sink
-    if mask is not None:  # the sink is always allowed
+    if mask is not None:  # mask (..., T, S) -> (..., T, S + 1), True in the sink's column
+        mask = np.asarray(mask)
         mask = np.broadcast_to(mask, (*np.broadcast_shapes(mask.shape[:-1], (1,)), S))
         mask = np.concatenate([mask, np.ones((*mask.shape[:-1], 1), dtype=bool)], axis=-1)
     softmax_inplace(both, axis=-1, mask=mask)
-    weights = both[..., :S]
-    return weights @ v, weights, both[..., S]
+    return both[..., :S], both[..., S]
 
 
 def validate_sink(func: str, sink, shape: tuple[int, ...]) -> np.ndarray:

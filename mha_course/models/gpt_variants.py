@@ -39,13 +39,12 @@ from pathlib import Path
 import numpy as np
 
 from .._validate import fail
-from ..attention import causal_mask
+from ..attention import causal_mask, sdpa_unchecked
 from ..block import rms_norm, rms_norm_backward, sigmoid, swiglu, swiglu_backward
 from ..heads import merge_heads, split_heads
 from ..logit_control import qk_norm, qk_norm_backward, soft_cap, soft_cap_backward
 from ..positions import apply_rope
-from ..sinks import softmax_with_sink, softmax_with_sink_backward
-from ..softmax import softmax
+from ..sinks import softmax_with_sink_backward
 from .gpt import GPT, GPTConfig
 from .tiny_model import cross_entropy
 
@@ -211,13 +210,23 @@ class VariantGPT(GPT):
         q = apply_rope(q1, positions, base=c.rope_base, layout=c.rope)
         k = np.repeat(apply_rope(k1, positions, base=c.rope_base, layout=c.rope), r, axis=-3)
         vv = np.repeat(v_g, r, axis=-3)  # (B, h, T, d_k): query head j reads K/V head j // r
-        s = (q @ np.swapaxes(k, -1, -2)) * self.scale  # (B, h, T, T)
-        z = soft_cap(s, v.softcap) if v.softcap is not None else s
-        if v.sinks:
-            p, p_sink = softmax_with_sink(z, extra["sinks"], mask)
-        else:
-            p, p_sink = softmax(z, mask=mask), None
-        o = p @ vv  # (B, h, T, d_k)
+        kept = {}
+
+        def logits(s, q_idx, kv_idx):
+            """The score_mod: keeps the raw logits s = q kᵀ · scale (B, h, T, T), which the
+            stats and the backward read, and soft-caps them (Gemma 2) when the variant does."""
+            if v.softcap is None:
+                kept["s"] = s.copy()  # the kernel softmaxes its own buffer in place
+                return s
+            kept["s"] = s
+            return soft_cap(s, v.softcap)  # z = c · tanh(s / c), a new array
+
+        # Lesson 03's attention (its kernel: the model made these arrays) with the score hook
+        # and, for gpt-oss's sinks, one sink logit per head in the softmax: (h,) -> (h, 1, 1).
+        sink = extra["sinks"][:, None, None] if v.sinks else None
+        attended = sdpa_unchecked(q, k, vv, mask, self.scale, score_mod=logits, sink=sink)
+        o, p, p_sink = attended if v.sinks else (*attended, None)  # (B, h, T, d_k), (B, h, T, T)
+        s = kept["s"]
         gate = None
         if v.gate:
             g_lin = a @ extra["W_gate_attn"]  # (B, T, h) or (B, T, h·d_k)
@@ -233,11 +242,11 @@ class VariantGPT(GPT):
         if keep:
             saved = {"a": a, "q0": q0, "k0": k0, "q1": q1, "k1": k1, "q": q, "k": k, "vv": vv,
                      "s": s, "p": p, "p_sink": p_sink, "o": o, "gate": gate, "concat": concat}
-        return out, saved, (s, z, p, p_sink)
+        return out, saved, (s, p, p_sink)
 
-    @staticmethod
-    def _head_stats(s, z, p, p_sink, mask) -> dict[str, np.ndarray]:
+    def _head_stats(self, s, p, p_sink, mask) -> dict[str, np.ndarray]:
         lead = tuple(range(s.ndim - 3)) + (s.ndim - 2, s.ndim - 1)  # every axis but the head's
+        z = soft_cap(s, self.variant.softcap) if self.variant.softcap is not None else s
         raw = np.where(mask, s, -np.inf).max(axis=lead)
         capped = np.where(mask, z, -np.inf).max(axis=lead)
         plogp = np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0).sum(axis=-1)
@@ -284,12 +293,12 @@ class VariantGPT(GPT):
         for i, p in enumerate(self.mlp):
             a = rms_norm(x, p["attn_norm"], c.eps)
             keep = return_cache or mask_h is not None
-            out, att, (s, z, w, w_sink) = self._attention(i, a, mask, keep)
+            out, att, (s, w, w_sink) = self._attention(i, a, mask, keep)
             if mask_h is not None:  # redo the output with each head's columns scaled
                 cols = split_heads(att["concat"], c.h) * mask_h[i][:, None, None]
                 out = merge_heads(cols) @ self.blocks[i].W_o
             if stats:
-                block_stats.append(self._head_stats(s, z, w, w_sink, mask))
+                block_stats.append(self._head_stats(s, w, w_sink, mask))
             x1 = x + out
             m = rms_norm(x1, p["mlp_norm"], c.eps)
             x2 = x1 + swiglu(m, p["W_gate"], p["W_up"], p["W_down"])
