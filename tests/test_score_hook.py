@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 
 from mha_course import alibi_bias, alibi_slopes, causal_mask, scaled_dot_product_attention, softmax
-from mha_course.gated_attention import differential_attention
 from mha_course.heads import merge_heads, split_heads
-from mha_course.logit_control import soft_cap
 from mha_course.models.gpt import GPTConfig
 from mha_course.models.gpt_variants import BlockVariant, VariantGPT
 from mha_course.positions import apply_rope
-from mha_course.sinks import sink_attention
-from mha_course.sparse_attention import compress_kv, nsa_attention
+from mha_course.variants.gated_attention import differential_attention
+from mha_course.variants.logit_control import soft_cap
+from mha_course.variants.sinks import sink_attention
+from mha_course.variants.sparse_attention import compress_kv, nsa_attention
 
 B, h, T, S, d_k, d_v = 2, 3, 5, 7, 4, 6
 

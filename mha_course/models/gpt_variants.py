@@ -42,9 +42,9 @@ from .._validate import fail
 from ..attention import causal_mask, sdpa_unchecked
 from ..block import rms_norm, rms_norm_backward, sigmoid, swiglu, swiglu_backward
 from ..heads import merge_heads, split_heads
-from ..logit_control import qk_norm, qk_norm_backward, soft_cap, soft_cap_backward
 from ..positions import apply_rope
-from ..sinks import softmax_with_sink_backward
+from ..variants.logit_control import qk_norm, qk_norm_backward, soft_cap, soft_cap_backward
+from ..variants.sinks import softmax_with_sink_backward
 from .gpt import GPT, GPTConfig
 from .tiny_model import cross_entropy
 

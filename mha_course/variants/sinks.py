@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validate import as_float_array, fail, validate_mask, validate_positive_int
-from .attention import (
+from .._validate import as_float_array, fail, validate_mask, validate_positive_int
+from ..attention import (
     sdpa_unchecked,
     sliding_window_mask,
     softmax_with_sink_unchecked,

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validate import as_float_array, fail, validate_mask, validate_positive_int
-from .attention import causal_mask, sdpa_unchecked, sliding_window_mask, validate_qkv
+from .._validate import as_float_array, fail, validate_mask, validate_positive_int
+from ..attention import causal_mask, sdpa_unchecked, sliding_window_mask, validate_qkv
 
 __all__ = ["compress_kv", "lightning_index", "mass_kept", "nsa_attention", "select_blocks",
            "sparse_flops", "topk_mask"]
