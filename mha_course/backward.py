@@ -181,7 +181,7 @@ def softmax_backward(dweights, weights) -> np.ndarray:
     >>> softmax_backward(np.array([1.0, 0.0]), np.array([0.5, 0.5]))
     array([ 0.25, -0.25])
     """
-    row_dot = np.sum(dweights * weights, axis=-1, keepdims=True)  # (..., 1)
+    row_dot = np.einsum("...s,...s->...", dweights, weights)[..., None]  # (..., 1), no temporary
     return weights * (dweights - row_dot)  # (..., S)
 
 
@@ -245,10 +245,13 @@ def attention_backward_unchecked(grad_out, q, k, v, weights):
     dv = np.swapaxes(weights, -1, -2) @ grad_out  # (..., S, T) @ (..., T, d_v) -> (..., S, d_v)
     # 2. weights = softmax(scores), row by row
     dscores = softmax_backward(dweights, weights)  # (..., T, S)
-    # 3. scores = q @ kᵀ / √d_k: the scale first, then the product
-    dscores = dscores / math.sqrt(d_k)
+    # 3. scores = q @ kᵀ / √d_k: the product, then the scale (on the (.., d_k) results: fewer
+    #    numbers than the (..., T, S) scores)
+    scale = 1.0 / math.sqrt(d_k)
     dq = dscores @ k  # (..., T, S) @ (..., S, d_k) -> (..., T, d_k)
+    dq *= scale
     dk = np.swapaxes(dscores, -1, -2) @ q  # (..., S, T) @ (..., T, d_k) -> (..., S, d_k)
+    dk *= scale
     return sum_to_shape(dq, q.shape), sum_to_shape(dk, k.shape), sum_to_shape(dv, v.shape)
 
 
