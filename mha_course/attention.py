@@ -166,8 +166,8 @@ def softmax_with_sink_unchecked(scores, sink, mask=None):
 def validate_sink(func: str, sink, shape: tuple[int, ...]) -> np.ndarray:
     """``sink`` as a finite float array that broadcasts to ``shape`` (..., T, 1), or a
     ``ValueError`` naming ``func``."""
-    s = np.asarray(sink, dtype=float) if isinstance(sink, (int, float)) else as_float_array(
-        func, "sink", sink)
+    plain_number = isinstance(sink, (int, float)) and not isinstance(sink, bool)
+    s = np.asarray(sink, dtype=float) if plain_number else as_float_array(func, "sink", sink)
     try:
         ok = np.broadcast_shapes(s.shape, shape) == tuple(shape)
     except ValueError:

@@ -179,6 +179,7 @@ def test_the_2025_block_attention_equals_its_formula(rng, variant):
     ({"sink": np.zeros(5)}, r"^scaled_dot_product_attention: sink has shape \(5,\); expected "
                             r"a shape that broadcasts to \(\.\.\., T, 1\) = \(3, 1\)"),
     ({"sink": np.inf}, r"sink holds a non-finite logit"),
+    ({"sink": True}, r"^scaled_dot_product_attention: sink has dtype bool"),
 ])
 def test_a_bad_hook_is_a_named_error(kwargs, message):
     with pytest.raises(ValueError, match=message):
