@@ -31,6 +31,7 @@ import functools
 import numpy as np
 
 from ..positions import rope_angles
+from .tiny_model import cross_entropy
 
 __all__ = ["fast_logits", "fast_loss_and_grads"]
 
@@ -182,15 +183,7 @@ def fast_loss_and_grads(model, tokens, targets):
     cos, sin, _ = _tables(T, d_k, c.rope_base, c.rope, model.dtype.name)
     scale = 1.0 / np.sqrt(d_k)
     logits, (saved, xf, xf_hat, xf_r) = _forward(model, tokens, keep=True)
-    # cross-entropy over every position, and dL/dlogits = (softmax - onehot) / N
-    y = targets.reshape(-1)
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    probs = np.exp(shifted)
-    total = probs.sum(axis=-1, keepdims=True)
-    loss = float(np.mean(np.log(total[:, 0]) - shifted[np.arange(N), y]))
-    dlogits = probs / total
-    dlogits[np.arange(N), y] -= 1.0
-    dlogits *= 1.0 / N
+    loss, dlogits = cross_entropy(logits, targets.reshape(-1))  # over every position
     grads = {"W_U": xf.T @ dlogits}
     dx, grads["norm_f"] = _rms_backward(dlogits @ model.W_U.T, xf_hat, xf_r, model.norm_f)
     for i in reversed(range(c.n_layers)):

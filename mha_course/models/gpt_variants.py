@@ -43,6 +43,7 @@ from ..attention import causal_mask, sdpa_unchecked
 from ..block import rms_norm, rms_norm_backward, sigmoid, swiglu, swiglu_backward
 from ..heads import merge_heads, split_heads
 from ..positions import apply_rope
+from ..variants.entropy import attention_entropy
 from ..variants.logit_control import qk_norm, qk_norm_backward, soft_cap, soft_cap_backward
 from ..variants.sinks import softmax_with_sink_backward
 from .gpt import GPT, GPTConfig
@@ -249,11 +250,9 @@ class VariantGPT(GPT):
         z = soft_cap(s, self.variant.softcap) if self.variant.softcap is not None else s
         raw = np.where(mask, s, -np.inf).max(axis=lead)
         capped = np.where(mask, z, -np.inf).max(axis=lead)
-        plogp = np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0).sum(axis=-1)
-        if p_sink is not None:
-            plogp = plogp + np.where(p_sink > 0, p_sink * np.log(np.where(p_sink > 0, p_sink,
-                                                                          1.0)), 0.0)
-        entropy = -plogp.mean(axis=tuple(range(plogp.ndim - 2)) + (plogp.ndim - 1,))
+        rows = attention_entropy(p)  # (..., h, T); the sink's share is one more outcome:
+        rows = rows if p_sink is None else rows + attention_entropy(p_sink[..., None])
+        entropy = rows.mean(axis=tuple(range(rows.ndim - 2)) + (rows.ndim - 1,))
         sink_mass = (np.zeros_like(entropy) if p_sink is None
                      else p_sink.mean(axis=tuple(range(p_sink.ndim - 2)) + (p_sink.ndim - 1,)))
         return {"max_logit": raw, "max_capped_logit": capped, "entropy": entropy,

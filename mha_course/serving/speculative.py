@@ -42,7 +42,7 @@ def acceptance_probability(p, q) -> np.ndarray:
         return np.where(q > 0, np.minimum(1.0, p / np.where(q > 0, q, 1.0)), 0.0)
 
 
-def residual(p, q) -> np.ndarray:
+def residual_distribution(p, q) -> np.ndarray:
     """``norm(max(0, p - q))``: what a rejection draws from (``p`` itself when ``p = q``)."""
     p, q = np.asarray(p, float), np.asarray(q, float)
     r = np.maximum(p - q, 0.0)
@@ -50,7 +50,8 @@ def residual(p, q) -> np.ndarray:
     return np.where(total > 0, r / np.where(total > 0, total, 1.0), p)
 
 
-def output_distribution(p, q, accept=acceptance_probability, resample=residual) -> np.ndarray:
+def output_distribution(p, q, accept=acceptance_probability,
+                        resample=residual_distribution) -> np.ndarray:
     """The exact distribution of the token one verification emits at a position.
 
     The draft proposes ``x`` with probability ``q(x)``; it is kept with probability
@@ -144,7 +145,7 @@ def verify(rows, drafts, qs, temperature: float, rng, rule=None) -> list[int]:
     >>> verify(rows, [1, 1], None, 0.0, None)   # d_1 = 1 is the argmax, d_2 = 1 is not
     [1, 0]
     """
-    accept, resample = rule or (acceptance_probability, residual)
+    accept, resample = rule or (acceptance_probability, residual_distribution)
     emitted = []
     for i, d in enumerate(drafts):
         if temperature == 0:
@@ -192,7 +193,7 @@ def speculative_generate(target, draft, prompt, n_new: int, k: int, *, temperatu
     prompt = np.asarray(prompt)
     if prompt.ndim != 1 or len(prompt) < 1:
         raise fail(func, f"prompt has shape {prompt.shape}; expected (T,) with T >= 1")
-    accept, resample = rule or (acceptance_probability, residual)
+    accept, resample = rule or (acceptance_probability, residual_distribution)
     rng = np.random.default_rng(seed)
     tc, dc = ContiguousCache(target), ContiguousCache(draft)
     if len(prompt) > 1:
