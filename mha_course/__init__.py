@@ -14,9 +14,10 @@ The package is in wings, and imports point down this list:
 - ``mha_course.models``: what learns (tasks, the tiny model, the GPT and its variants, training,
   specialisation scores, shipped weights); may import serving, the variants and the attention;
 - ``mha_course.serving`` (lesson 10: the decoder, paged and compressed caches, scheduling,
-  speculative and split-KV decoding; lesson 09's sampling) and ``mha_course.parallel`` (lesson 11: simulated devices
-  and collectives, tensor, ring and Ulysses parallelism, activation memory, packing, precision):
-  attention as a server and a cluster run it; may import the attention;
+  speculative and split-KV decoding; lesson 09's sampling) and ``mha_course.parallel``
+  (lesson 11: simulated devices and collectives, tensor, ring and Ulysses parallelism,
+  activation memory, packing, precision): attention as a server and a cluster run it; may
+  import the attention;
 - ``mha_course.variants``: the attention of recent models (MLA, RoPE scaling, sinks, logit
   control, gated, sparse, linear attention and the delta rule, entropy); may import the top level;
 - the top level, here: the attention itself, what lessons 01 to 07 teach (softmax, masks, heads,
