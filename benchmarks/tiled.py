@@ -1,6 +1,6 @@
 """Benchmark tiled attention against standard attention and torch's SDPA.
 
-"tiled" is the fast path, ``mha_course.lean.lean_tiled_attention`` (FlashAttention-2's loop
+"tiled" is the fast path, ``mha_course.kernels.lean.lean_tiled_attention`` (FlashAttention-2's loop
 with four savings, the one that carries the speed targets); "readable" is the lesson's loop,
 ``mha_course.tiled_attention``, timed beside it against standard attention.
 
@@ -53,8 +53,8 @@ import numpy as np  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 
 import mha_course as mc  # noqa: E402
-import mha_course.tiled as tiled_module  # noqa: E402
-from mha_course.lean import exp2_is_vectorised, lean_tiled_attention  # noqa: E402
+import mha_course.kernels.tiled as tiled_module  # noqa: E402
+from mha_course.kernels.lean import exp2_is_vectorised, lean_tiled_attention  # noqa: E402
 
 torch = bench.torch  # None when torch is not installed
 

@@ -148,7 +148,7 @@ def softmax_with_sink_unchecked(scores, sink, mask=None):
 
     Returns ``(weights, sink_weight)``: (..., T, S), a view of the (..., T, S + 1) buffer, and
     (..., T), the share of each row that went to the sink (1 on a fully masked row).
-    :func:`mha_course.sinks.softmax_with_sink` is the checked version.
+    :func:`mha_course.variants.sinks.softmax_with_sink` is the checked version.
     """
     S = scores.shape[-1]
     lead = np.broadcast_shapes(scores.shape[:-1], np.shape(sink)[:-1])

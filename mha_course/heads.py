@@ -5,7 +5,8 @@ the grouping of query heads over shared key/value heads belongs to
 ``notebooks/06_decoding.ipynb`` (MQA and GQA).
 
 The layer (:mod:`mha_course.multihead`), its backward pass (:mod:`mha_course.backward`), the
-memory-lean forward (:mod:`mha_course.lean`) and the cost formulas (:mod:`mha_course.cost`) all
+memory-lean forward (:mod:`mha_course.kernels.lean`) and the cost formulas (:mod:`mha_course.cost`)
+all
 take their head arithmetic from here, so there is one definition of each step.
 
 Layout: the fused projection ``W_q`` of shape (d_model, h*d_k) holds head ``i`` in columns

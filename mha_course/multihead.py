@@ -11,7 +11,7 @@ Taught in ``notebooks/04_multi_head_attention.ipynb``; its options in later less
 :meth:`MultiHeadAttention.step` uses the same pieces on a chunk of new tokens over a
 :class:`~mha_course.KVCache` (prefill, decode, verify; :meth:`~MultiHeadAttention.decode_step`
 is its one-token case). A forward ordered for speed and memory lives beside it, in
-:mod:`mha_course.lean`, tested equal to this one.
+:mod:`mha_course.kernels.lean`, tested equal to this one.
 
 Layout: the fused projection ``W_q`` of shape (d_model, h*d_k) holds head ``i`` in columns
 ``i*d_k : (i+1)*d_k``; that is exactly the article's per-head matrices ``W_q[i]`` of shape
@@ -234,7 +234,8 @@ class MultiHeadAttention:
         return {name: getattr(self, name) for name in names}
 
     def validate_inputs(self, x, context, mask):
-        """The input validation of :meth:`forward` (and of :func:`mha_course.lean.lean_forward`).
+        """The input validation of :meth:`forward` (and of
+        :func:`mha_course.kernels.lean.lean_forward`).
 
         Returns ``(x, kv_input, mask)``: float arrays (``kv_input`` is ``x`` for
         self-attention) and the mask as (..., 1, 1, T, S), ready to broadcast over the

@@ -73,7 +73,8 @@ def softmax_inplace(s: np.ndarray, axis: int = -1, mask=None) -> np.ndarray:
 
     It does what lesson 02 teaches, in the same order: subtract each row's max, ``exp``, divide by
     the row's sum (as a multiplication by the sum's reciprocal, one division per row instead of
-    one per entry). The fast path, :mod:`mha_course.lean`, runs it a block of rows at a time.
+    one per entry). The fast path, :mod:`mha_course.kernels.lean`, runs it a block of rows at a
+    time.
     """
     masked = mask is not None
     if masked:

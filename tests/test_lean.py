@@ -1,4 +1,5 @@
-"""The memory-lean forward (``mha_course.lean``) equals the readable one, in values and errors.
+"""The memory-lean forward (``mha_course.kernels.lean``) equals the readable one, in values and
+errors.
 
 ``lean_forward`` carries the speed and memory targets (``benchmarks/attention.py``); the layer's
 ``forward`` is what the lessons teach. Like ``tiled_attention`` against
@@ -18,8 +19,8 @@ import numpy as np
 import pytest
 
 from mha_course import MultiHeadAttention, causal_mask, padding_mask, softmax
-from mha_course import lean as lean_module
-from mha_course.lean import exp_is_safe, lean_forward
+from mha_course.kernels import lean as lean_module
+from mha_course.kernels.lean import exp_is_safe, lean_forward
 
 B, T, S, H, D_K, D_V, D_MODEL = 2, 3, 5, 4, 6, 7, 10
 # the shared helper (tests/conftest.py) with this module's sizes

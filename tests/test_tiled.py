@@ -18,8 +18,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import mha_course.lean as lean_module
-import mha_course.tiled as tiled_module
+import mha_course.kernels.lean as lean_module
+import mha_course.kernels.tiled as tiled_module
 from mha_course import (
     causal_mask,
     logsumexp,
@@ -27,7 +27,7 @@ from mha_course import (
     scaled_dot_product_attention,
     tiled_attention,
 )
-from mha_course.lean import lean_tiled_attention
+from mha_course.kernels.lean import lean_tiled_attention
 
 TOL = {np.float64: 1e-12, np.float32: 1e-5}  # max abs difference from the reference
 # Every dimension different: B=2, h=3, T=11, S=13, d_k=4, d_v=6.

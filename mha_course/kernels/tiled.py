@@ -13,7 +13,8 @@ query a backward pass needs to recompute the weights: the log-sum-exp of the que
 This module is FlashAttention-2's forward line by line (the loop the lesson writes and the tile
 stepper draws). The same loop with four savings on the passes that are not matrix products (no
 running max when it provably cannot matter, the row sum inside the second matmul, base 2, the
-shift inside the first matmul) is :func:`mha_course.lean.lean_tiled_attention`, the fast path,
+shift inside the first matmul) is :func:`mha_course.kernels.lean.lean_tiled_attention`, the fast
+path,
 tested equal to this one.
 
 Shape letters as in :mod:`mha_course.attention`: ``T`` query positions, ``S`` key/value
@@ -27,8 +28,8 @@ import math
 
 import numpy as np
 
-from ._validate import validate_positive_int
-from .attention import validate_qkv
+from .._validate import validate_positive_int
+from ..attention import validate_qkv
 
 
 def tiled_attention(q, k, v, *, mask=None, causal=False, block_size=256, return_lse=False,
@@ -174,7 +175,7 @@ def running_block(qb, kT, v, keys, tile, on_tile=None):
 class TileMask:
     """Masks one (..., t1-t0, s1-s0) tile of scores in place: the user's mask and the future.
 
-    Shared with the fast path, :func:`mha_course.lean.lean_tiled_attention`."""
+    Shared with the fast path, :func:`mha_course.kernels.lean.lean_tiled_attention`."""
 
     def __init__(self, mask, causal: bool, t0: int, t1: int, offset: int):
         self.mask, self.causal, self.t0, self.t1, self.offset = mask, causal, t0, t1, offset

@@ -46,11 +46,11 @@ try:  # NumPy >= 2 says which CPU features each compiled loop dispatched to
 except ImportError:  # pragma: no cover - NumPy 1.x
     opt_func_info = None
 
-from ._validate import fail, refuse_layer_scale, validate_positive_int
-from .attention import validate_qkv
-from .heads import group_heads, kv_for_groups, merge_heads, project, split_heads, ungroup_heads
-from .positions import apply_rope
-from .softmax import softmax_inplace
+from .._validate import fail, refuse_layer_scale, validate_positive_int
+from ..attention import validate_qkv
+from ..heads import group_heads, kv_for_groups, merge_heads, project, split_heads, ungroup_heads
+from ..positions import apply_rope
+from ..softmax import softmax_inplace
 from .tiled import TileMask, key_blocks
 
 #: One head's scores larger than this (a core's L2 cache) are computed and softmaxed a block of
@@ -369,7 +369,7 @@ def lean_tiled_attention(q, k, v, *, mask=None, causal=False, block_size=256,
 
 
 def _running_block(qb, kT, v_, keys, tile, exp, d_v, *, track_max):
-    """:func:`mha_course.tiled.running_block` with tricks 1 to 3: the running max of
+    """:func:`mha_course.kernels.tiled.running_block` with tricks 1 to 3: the running max of
     FlashAttention-2 (or, if not ``track_max``, the shift 0 that trick 1 proved safe), ``exp``
     or ``exp2``; ``(acc, l, m)`` after the block's last key tile.
 
