@@ -49,8 +49,8 @@ RUN_MARK = "MHA_COURSE_RUN"
 #: jsonschema (which nbformat, hence nbval, imports) loads it when installed, for its "iri" format
 #: checker, and it compiles 38 grammars as it is imported: 2-4 s of every notebook's run.
 #: nbformat validates without format checkers, so no check of a notebook changes.
-PYTEST_MAIN = ("import sys; sys.modules['rfc3987_syntax'] = None; import pytest; "
-               "raise SystemExit(pytest.console_main())")
+PYTEST_MAIN = ("import runpy, sys; sys.modules['rfc3987_syntax'] = None; "
+               "runpy.run_module('pytest', run_name='__main__', alter_sys=True)")
 #: How much of pytest's own output is kept, from its end (for the "could not run" message).
 OUTPUT_TAIL = 64 * 1024
 
