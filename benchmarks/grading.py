@@ -3,9 +3,9 @@
 Run from the repository root (needs nbgrader: ``make nbgrader``, or ``MHA_COURSE_NBGRADER``
 naming its executable)::
 
-    .venv/bin/python benchmarks/grading.py            # lessons 03, 06, 10; 6 students; 2 rounds
+    .venv/bin/python benchmarks/grading.py            # lessons 03, 06, 10; 6 students; 3 rounds
     .venv/bin/python benchmarks/grading.py --quick    # lesson 03; 3 students; 1 round
-    .venv/bin/python benchmarks/grading.py --jobs 2   # the checker with 2 notebooks at a time
+    .venv/bin/python benchmarks/grading.py --jobs 1   # the checker one notebook at a time only
 
 It builds a class in a temporary folder: ``export nbgrader`` of the lessons' exercises (one
 assignment), ``nbgrader generate_assignment``, then students made from the released notebook:
@@ -13,11 +13,13 @@ assignment), ``nbgrader generate_assignment``, then students made from the relea
 other answer wrapped so that it returns a changed result). It then grades the class with
 ``nbgrader autograde`` and with the checker (``python -m mha_course check submitted
 --assignment``, grading mode, sandboxed where bubblewrap works) on the same notebooks, each as a
-command of its own (start-up included), alternating which goes first in each round, and prints
-both times per round, per notebook, and the ratio checker / nbgrader of the summed times: below
-1.0 the checker is the faster. It also prints both graders' points per student (they must agree
-on these honest notebooks). Wall times on a shared machine vary with its load: only the ratio
-of one run, measured alternating, is meaningful.
+command of its own (start-up included), in turns (each round starts with the next one), and
+prints the times per round, per notebook, and the ratio checker / nbgrader of the summed times:
+below 1.0 the checker is the faster. The checker runs twice a round, one notebook at a time
+(``--jobs 1``, as nbgrader grades) and two at a time (``--jobs 2``, what ``make grade``
+runs). It also prints the graders' points per student (they must agree on these honest
+notebooks). Wall times on a shared machine vary with its load: only the ratios of one run,
+measured in turns, are meaningful.
 """
 
 from __future__ import annotations
@@ -147,13 +149,14 @@ def main(argv=None) -> int:
                         help="lesson 03 only, 3 students, 1 round (a smoke run)")
     parser.add_argument("--lessons", nargs="+", default=None, help="default: 03 06 10")
     parser.add_argument("--students", type=int, default=None, help="default: 6 (3 quick)")
-    parser.add_argument("--rounds", type=int, default=None, help="default: 2 (1 quick)")
-    parser.add_argument("--jobs", type=int, default=1,
-                        help="the checker's --jobs (nbgrader grades one notebook at a time)")
+    parser.add_argument("--rounds", type=int, default=None, help="default: 3 (1 quick)")
+    parser.add_argument("--jobs", type=int, nargs="+", default=[1, 2],
+                        help="the checker's --jobs, each timed (default: 1 2; nbgrader grades "
+                             "one notebook at a time)")
     args = parser.parse_args(argv)
     lessons = args.lessons or (["03"] if args.quick else ["03", "06", "10"])
     n_students = args.students or (3 if args.quick else 6)
-    rounds = args.rounds or (1 if args.quick else 2)
+    rounds = args.rounds or (1 if args.quick else 3)
     executable = nbgrader_executable()
     if executable is None:
         print("grading benchmark skipped: nbgrader is not installed (make nbgrader, or set "
@@ -162,31 +165,36 @@ def main(argv=None) -> int:
     version = run([executable, "--version"], cwd=ROOT, env=nbgrader_env(executable)).strip()
     print(f"Grading a class: the course's checker against {version.splitlines()[-1]}")
     print(f"  lessons {' '.join(lessons)}, {n_students} students (right / blank / wrong), "
-          f"{rounds} round(s), checker --jobs {args.jobs}, {os.cpu_count()} CPUs, "
+          f"{rounds} round(s), checker --jobs {' and '.join(map(str, args.jobs))}, "
+          f"{os.cpu_count()} CPUs, "
           f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     with tempfile.TemporaryDirectory(prefix="mha-course-bench-") as tmp:
         course = Path(tmp) / "course"
         students = build_class(course, lessons, n_students, executable)
-        totals = {"checker": 0.0, "nbgrader": 0.0}
+        graders = ["nbgrader", *(f"checker --jobs {j}" for j in args.jobs)]
+        totals = dict.fromkeys(graders, 0.0)
         points = {}
         for r in range(rounds):
-            order = ["nbgrader", "checker"] if r % 2 == 0 else ["checker", "nbgrader"]
+            order = graders[r % len(graders):] + graders[:r % len(graders)]
             line = []
             for who in order:
                 seconds, points[who] = (time_nbgrader(course, executable) if who == "nbgrader"
-                                        else time_checker(course, args.jobs))
+                                        else time_checker(course, int(who.split()[-1])))
                 totals[who] += seconds
-                line.append(f"{who} {seconds:6.1f} s ({seconds / n_students:5.1f} s a notebook)")
+                line.append(f"{who} {seconds:.1f} s ({seconds / n_students:.1f} s a notebook)")
             print(f"  round {r + 1}: " + ", ".join(line))
-        print("  points (checker / nbgrader): " + ", ".join(
-            f"{s} {points['checker'].get(s, 0):g}/{points['nbgrader'].get(s, 0):g}"
-            for s in students))
-        agree = all(points["checker"].get(s) == points["nbgrader"].get(s) for s in students)
-        print(f"  the two graders {'agree on every student' if agree else 'DISAGREE'}")
-    ratio = totals["checker"] / totals["nbgrader"]
-    print(f"  checker {totals['checker']:.1f} s, nbgrader {totals['nbgrader']:.1f} s "
-          f"({rounds} round(s), {n_students} notebooks each): ratio checker / nbgrader = "
-          f"{ratio:.2f} (target <= 1.0: {'met' if ratio <= 1.0 else 'NOT met'})")
+        agree = True
+        for who in graders[1:]:
+            print(f"  points ({who} / nbgrader): " + ", ".join(
+                f"{s} {points[who].get(s, 0):g}/{points['nbgrader'].get(s, 0):g}"
+                for s in students))
+            agree &= all(points[who].get(s) == points["nbgrader"].get(s) for s in students)
+        print(f"  the graders {'agree on every student' if agree else 'DISAGREE'}")
+    for who in graders[1:]:
+        ratio = totals[who] / totals["nbgrader"]
+        print(f"  {who} {totals[who]:.1f} s, nbgrader {totals['nbgrader']:.1f} s ({rounds} "
+              f"round(s), {n_students} notebooks each): ratio checker / nbgrader = {ratio:.2f} "
+              f"(target <= 1.0: {'met' if ratio <= 1.0 else 'NOT met'})")
     return 0 if agree else 1
 
 
