@@ -15,7 +15,7 @@ from check_contract import CheckContract
 import mha_course
 from mha_course import apply_rope, causal_mask, checks, merge_heads, rms_norm, split_heads
 from mha_course.checks import CheckFailed, lesson09
-from mha_course.models import sampling
+from mha_course.serving import sampling
 
 # ------------------------------------------------------------------ correct implementations
 
@@ -100,7 +100,7 @@ def _generate_greedy(model, prompt, n_new, kind="right"):
         T = len(chunk)
         positions = {"right": cached, "zero": 0, "generated": max(0, cached - len(prompt))}[
             kind] + np.arange(T)
-        for i, attn in enumerate(model.blocks):
+        for i, attn in enumerate(block.attn for block in model.blocks):
             a = rms_norm(x, P[f"L{i}.attn_norm"], c.eps)
             q = apply_rope(split_heads(a @ attn.W_q, c.h), positions, layout=c.rope)
             k = apply_rope(split_heads(a @ attn.W_k, c.n_kv_heads), positions, layout=c.rope)
@@ -178,7 +178,7 @@ MISTAKES = [
     ("top-p-probabilities", "check_top_p", _kind(_top_p, "probabilities"),
      r"you returned probabilities"),
     ("top-p-calls-the-package", "check_top_p", lambda lg, p: sampling.top_p_filter(lg, p),
-     r"your answer calls .*mha_course\.models\.sampling\.top_p_filter"),
+     r"your answer calls .*mha_course\.serving\.sampling\.top_p_filter"),
     ("cached-stale-logits", "check_cached_sampling", _kind(_sample_cached, "stale"),
      r"chosen from the logits of the step before"),
     ("cached-whole-sequence", "check_cached_sampling", _kind(_sample_cached, "whole_sequence"),

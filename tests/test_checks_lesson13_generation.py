@@ -77,7 +77,7 @@ WRONG_FIXES = [
     ("nucleus-not-renormalised", "check_nucleus",
      lambda lg, p: _nucleus(lg, p, "not_renormalised"), r"renormalise what the filter keeps"),
     ("nucleus-calls-top-p-filter", "check_nucleus",
-     lambda lg, p: mha_course.softmax(mha_course.models.sampling.top_p_filter(lg, p)),
+     lambda lg, p: mha_course.softmax(mha_course.serving.sampling.top_p_filter(lg, p)),
      r"asks you to fix the filter; your answer calls .*top_p_filter"),
     ("temperature-twice", "check_temperature", lambda lg, t: _sampling(lg, t, "twice"),
      r"applied twice"),

@@ -47,6 +47,7 @@ import warnings
 import numpy as np
 
 from .. import MultiHeadAttention
+from .._validate import fmt_shape  # the lessons' checks import it here
 from .forbid import CallWatch, Rule, Use, find_in_source, rules_for
 from .measure import PROBE, check_rng, traced  # noqa: F401  (the lessons import check_rng here)
 
@@ -154,11 +155,6 @@ def fmt_pair(a, b) -> tuple[str, str]:
 def fmt_index(index) -> str:
     index = tuple(int(i) for i in index)
     return str(index[0]) if len(index) == 1 else str(index)
-
-
-def fmt_shape(shape) -> str:
-    shape = tuple(int(n) for n in shape)
-    return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
 
 
 def equal(a, b) -> bool:
@@ -289,6 +285,26 @@ def call(ex: str, fn, args: tuple, names: tuple, kwargs=None, hint=None, forbid=
         if not equal(before, after):
             raise _changed(ex, name)
     return result
+
+
+def repeat(fn, args: tuple, n: int, kwargs=None) -> list:
+    """``[fn(*args, **kwargs) for _ in range(n)]``: ``n`` draws of a random function whose
+    arguments (a NumPy Generator) advance from call to call.
+
+    In grading mode (``fn`` has ``mha_course_remote_repeat``) the ``n`` calls run in the
+    learner's kernel as one request and their results come back together, as ``n`` calls would
+    bring them (the Generator advanced as far), without ``n`` round trips; what they mean is
+    decided here, as for :func:`call`. An error of the function is raised as the calls raise it.
+
+    >>> gen = np.random.default_rng(0)
+    >>> [round(x, 3) for x in repeat(lambda g: g.random(), (gen,), 2)]
+    [0.637, 0.27]
+    """
+    kwargs = kwargs or {}
+    remote = getattr(fn, "mha_course_remote_repeat", None)
+    if remote is not None:
+        return remote(args, kwargs, n)
+    return [fn(*args, **kwargs) for _ in range(n)]
 
 
 def _raised(ex, exc, args, kwargs, hint, who):

@@ -39,13 +39,13 @@ from pathlib import Path
 import numpy as np
 
 from .._validate import fail
-from ..attention import causal_mask
-from ..block import rms_norm, rms_norm_backward, sigmoid, swiglu, swiglu_backward
+from ..attention import causal_mask, sdpa_unchecked
+from ..block import sigmoid
 from ..heads import merge_heads, split_heads
 from ..positions import apply_rope
-from ..softmax import softmax
+from ..variants.entropy import attention_entropy
 from ..variants.logit_control import qk_norm, qk_norm_backward, soft_cap, soft_cap_backward
-from ..variants.sinks import softmax_with_sink, softmax_with_sink_backward
+from ..variants.sinks import softmax_with_sink_backward
 from .gpt import GPT, GPTConfig
 from .tiny_model import cross_entropy
 
@@ -197,9 +197,11 @@ class VariantGPT(GPT):
         return 1.0 / math.sqrt(self.config.d_k) if v is None else float(v)
 
     # ------------------------------------------------------------------------ forward pass
-    def _attention(self, i: int, a: np.ndarray, mask: np.ndarray, keep: bool):
-        """Block ``i``'s attention on its normalised input ``a`` (B, T, d_model)."""
-        c, v, attn, extra = self.config, self.variant, self.blocks[i], self.extra[i]
+    def _attention(self, i: int, a: np.ndarray, mask: np.ndarray, head_mask, keep: bool):
+        """Block ``i``'s attention on its normalised input ``a`` (B, T, d_model): the hook of
+        ``GPT._run``. Returns ``(out, saved, (s, p, p_sink))``; ``head_mask`` (h,) scales
+        each head's (gated) output before ``W_o``."""
+        c, v, attn, extra = self.config, self.variant, self.blocks[i].attn, self.extra[i]
         T = a.shape[-2]
         r = c.h // c.n_kv_heads
         positions = np.arange(T)
@@ -211,13 +213,23 @@ class VariantGPT(GPT):
         q = apply_rope(q1, positions, base=c.rope_base, layout=c.rope)
         k = np.repeat(apply_rope(k1, positions, base=c.rope_base, layout=c.rope), r, axis=-3)
         vv = np.repeat(v_g, r, axis=-3)  # (B, h, T, d_k): query head j reads K/V head j // r
-        s = (q @ np.swapaxes(k, -1, -2)) * self.scale  # (B, h, T, T)
-        z = soft_cap(s, v.softcap) if v.softcap is not None else s
-        if v.sinks:
-            p, p_sink = softmax_with_sink(z, extra["sinks"], mask)
-        else:
-            p, p_sink = softmax(z, mask=mask), None
-        o = p @ vv  # (B, h, T, d_k)
+        kept = {}
+
+        def logits(s, q_idx, kv_idx):
+            """The score_mod: keeps the raw logits s = q kᵀ · scale (B, h, T, T), which the
+            stats and the backward read, and soft-caps them (Gemma 2) when the variant does."""
+            if v.softcap is None:
+                kept["s"] = s.copy()  # the kernel softmaxes its own buffer in place
+                return s
+            kept["s"] = s
+            return soft_cap(s, v.softcap)  # z = c · tanh(s / c), a new array
+
+        # Lesson 03's attention (its kernel: the model made these arrays) with the score hook
+        # and, for gpt-oss's sinks, one sink logit per head in the softmax: (h,) -> (h, 1, 1).
+        sink = extra["sinks"][:, None, None] if v.sinks else None
+        attended = sdpa_unchecked(q, k, vv, mask, self.scale, score_mod=logits, sink=sink)
+        o, p, p_sink = attended if v.sinks else (*attended, None)  # (B, h, T, d_k), (B, h, T, T)
+        s = kept["s"]
         gate = None
         if v.gate:
             g_lin = a @ extra["W_gate_attn"]  # (B, T, h) or (B, T, h·d_k)
@@ -227,24 +239,24 @@ class VariantGPT(GPT):
             o_out = o * g_heads
         else:
             o_out = o
+        if head_mask is not None:
+            o_out = o_out * head_mask[:, None, None]
         concat = merge_heads(o_out)  # (B, T, h·d_k)
         out = concat @ attn.W_o
         saved = None
         if keep:
             saved = {"a": a, "q0": q0, "k0": k0, "q1": q1, "k1": k1, "q": q, "k": k, "vv": vv,
                      "s": s, "p": p, "p_sink": p_sink, "o": o, "gate": gate, "concat": concat}
-        return out, saved, (s, z, p, p_sink)
+        return out, saved, (s, p, p_sink)
 
-    @staticmethod
-    def _head_stats(s, z, p, p_sink, mask) -> dict[str, np.ndarray]:
+    def _head_stats(self, s, p, p_sink, mask) -> dict[str, np.ndarray]:
         lead = tuple(range(s.ndim - 3)) + (s.ndim - 2, s.ndim - 1)  # every axis but the head's
+        z = soft_cap(s, self.variant.softcap) if self.variant.softcap is not None else s
         raw = np.where(mask, s, -np.inf).max(axis=lead)
         capped = np.where(mask, z, -np.inf).max(axis=lead)
-        plogp = np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0).sum(axis=-1)
-        if p_sink is not None:
-            plogp = plogp + np.where(p_sink > 0, p_sink * np.log(np.where(p_sink > 0, p_sink,
-                                                                          1.0)), 0.0)
-        entropy = -plogp.mean(axis=tuple(range(plogp.ndim - 2)) + (plogp.ndim - 1,))
+        rows = attention_entropy(p)  # (..., h, T); the sink's share is one more outcome:
+        rows = rows if p_sink is None else rows + attention_entropy(p_sink[..., None])
+        entropy = rows.mean(axis=tuple(range(rows.ndim - 2)) + (rows.ndim - 1,))
         sink_mass = (np.zeros_like(entropy) if p_sink is None
                      else p_sink.mean(axis=tuple(range(p_sink.ndim - 2)) + (p_sink.ndim - 1,)))
         return {"max_logit": raw, "max_capped_logit": capped, "entropy": entropy,
@@ -272,36 +284,13 @@ class VariantGPT(GPT):
         cache : dict, with ``return_cache=True``
         stats : list of dict, with ``stats=True`` (last)
         """
-        func = "VariantGPT.forward"
-        tokens = self.validate_tokens(func, tokens)
-        mask_h = self.validate_head_mask(func, head_mask)
-        if mask_h is not None and return_cache:
-            raise fail(func, "head_mask is for evaluation; backward needs the unmasked forward")
-        c, T = self.config, tokens.shape[-1]
-        mask = causal_mask(T)
-        x = self.W_E[tokens]  # (..., T, d_model)
-        saved, block_stats = [], []
-        for i, p in enumerate(self.mlp):
-            a = rms_norm(x, p["attn_norm"], c.eps)
-            keep = return_cache or mask_h is not None
-            out, att, (s, z, w, w_sink) = self._attention(i, a, mask, keep)
-            if mask_h is not None:  # redo the output with each head's columns scaled
-                cols = split_heads(att["concat"], c.h) * mask_h[i][:, None, None]
-                out = merge_heads(cols) @ self.blocks[i].W_o
-            if stats:
-                block_stats.append(self._head_stats(s, z, w, w_sink, mask))
-            x1 = x + out
-            m = rms_norm(x1, p["mlp_norm"], c.eps)
-            x2 = x1 + swiglu(m, p["W_gate"], p["W_up"], p["W_down"])
-            saved.append({"x": x, "att": att, "x1": x1})
-            x = x2
-        xf = rms_norm(x, self.norm_f, c.eps)
-        logits = xf @ self.W_U
+        logits, cache, infos = self._run("VariantGPT.forward", tokens, head_mask, return_cache)
         result = (logits,)
         if return_cache:
-            result += ({"tokens": tokens, "blocks": saved, "x": x, "xf": xf},)
+            result += (cache,)
         if stats:
-            result += (block_stats,)
+            mask = causal_mask(logits.shape[-2])
+            result += ([self._head_stats(*info, mask) for info in infos],)
         return result[0] if len(result) == 1 else result
 
     __call__ = forward
@@ -309,7 +298,7 @@ class VariantGPT(GPT):
     # ------------------------------------------------------------------------ backward pass
     def _attention_backward(self, i: int, dout: np.ndarray, sv: dict, grads: dict):
         """Gradients of block ``i``'s attention; returns dL/da."""
-        c, v, attn, extra = self.config, self.variant, self.blocks[i], self.extra[i]
+        c, v, attn, extra = self.config, self.variant, self.blocks[i].attn, self.extra[i]
         d_model, r = c.d_model, c.h // c.n_kv_heads
         a = sv["a"]
         flat_a = a.reshape(-1, d_model)
@@ -358,33 +347,6 @@ class VariantGPT(GPT):
             grads[f"L{i}.{name}"] = flat_a.T @ d_flat.reshape(flat_a.shape[0], -1)
             da += d_flat @ W.T
         return da
-
-    def backward(self, dlogits, cache) -> dict[str, np.ndarray]:
-        """Every parameter's gradient, by hand, named as :meth:`parameters`."""
-        func = "VariantGPT.backward"
-        c, xf = self.config, cache["xf"]
-        if np.shape(dlogits) != (*xf.shape[:-1], c.vocab_size):
-            raise fail(func, f"dlogits has shape {np.shape(dlogits)}; expected (..., T, V) = "
-                             f"{(*xf.shape[:-1], c.vocab_size)}")
-        dlogits = np.asarray(dlogits, dtype=self.dtype)
-        grads = {"W_U": xf.reshape(-1, c.d_model).T @ dlogits.reshape(-1, c.vocab_size)}
-        dx, grads["norm_f"] = rms_norm_backward(dlogits @ self.W_U.T, cache["x"], self.norm_f,
-                                                c.eps)
-        for i in reversed(range(c.n_layers)):
-            p, s = self.mlp[i], cache["blocks"][i]
-            m = rms_norm(s["x1"], p["mlp_norm"], c.eps)
-            g = swiglu_backward(dx, m, p["W_gate"], p["W_up"], p["W_down"])
-            dx1, grads[f"L{i}.mlp_norm"] = rms_norm_backward(g["x"], s["x1"], p["mlp_norm"],
-                                                             c.eps)
-            dx1 = dx1 + dx
-            for name in ("W_gate", "W_up", "W_down"):
-                grads[f"L{i}.{name}"] = g[name]
-            da = self._attention_backward(i, dx1, s["att"], grads)
-            dx, grads[f"L{i}.attn_norm"] = rms_norm_backward(da, s["x"], p["attn_norm"], c.eps)
-            dx = dx + dx1
-        grads["W_E"] = np.zeros_like(self.W_E)
-        np.add.at(grads["W_E"], cache["tokens"], dx)
-        return {name: grads[name] for name in self.parameters()}
 
     def loss_and_grads(self, tokens, targets, *, stats=False):
         """Mean cross-entropy over every position and every parameter's gradient (and, with

@@ -33,6 +33,7 @@ from ..harness import (
     fmt_shape,
     pair,
     passed,
+    repeat,
 )
 from ..properties import array, require
 from ..variants import (
@@ -342,7 +343,7 @@ def check_dropout_scale(fn) -> None:
         require(ex, EVAL, P.moved_text(w, array(ex, evaluated, w.shape, "your eval weights", "")))
         gen = np.random.default_rng(2)
         with np.errstate(all="ignore"):
-            draws = np.stack([np.asarray(fn(w, p, gen), dtype=float) for _ in range(n)])
+            draws = np.stack([np.asarray(x, dtype=float) for x in repeat(fn, (w, p, gen), n)])
         share = float((draws == 0).mean())
         spread = 6 * np.sqrt(p * (1 - p) / draws.size)
         require(ex, DROPPED, abs(share - p) > spread and f"with p={p} you zeroed "
