@@ -18,6 +18,7 @@ import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .account import Accounts, Lockdown
 from .assignment import NOTEBOOK_KEY, Assignment
 from .bundle import build_bundle
 from .catalog import exercises
@@ -26,7 +27,7 @@ from .limits import Limits, find_enforcement
 from .merge import course_sources, merge_learner, normalised, reference_for
 from .notebooks import ID_RE, ExerciseError, course_root, info, lesson_of, nb_info, read_notebook
 from .run import DEFAULT_TIMEOUT, Isolation, run_nbval
-from .sandbox import CHANGED_SUFFIX, Change, FileGuard, Library, find_sandbox
+from .sandbox import CHANGED_SUFFIX, Change, FileGuard, Library, find_sandbox, python_paths
 from .verdicts import NotebookResult, Verdict, judge_run
 
 #: The pytest plugin of grading mode (checks run in the grader, see grading/grader.py).
@@ -223,12 +224,14 @@ class Checker:
     assignment: Assignment | None = None
     #: Grading mode: the instructor's probes file, as text (see mha_course.grading.grader).
     probes: str | None = None
+    #: Without the sandbox, as root: the paths made private for the command (call :meth:`close`).
+    lockdown: Lockdown | None = None
 
     @classmethod
     def create(cls, solutions_dir=None, timeout: float = DEFAULT_TIMEOUT, sandbox: bool = True,
                hidden=(), sanitize: Path | None = None, assignment: Assignment | None = None,
                probes: str | None = None, limits: Limits | None = None,
-               keep: Path | None = None) -> Checker:
+               keep: Path | None = None, private=()) -> Checker:
         """Snapshot the solutions, the package and the sanitize file; find the sandbox.
 
         ``hidden`` folders (the submissions) are hidden from the sandboxed kernel, as are the
@@ -238,14 +241,27 @@ class Checker:
         (default: 4 GiB, 256 processes, 1 GiB of disk per kernel) bound every kernel
         (:mod:`mha_course.grading.limits`). ``keep``: the folder where the changed bytes of a
         submission that changed during the check are kept (:func:`keep_folder`; None: beside it).
+
+        Without the sandbox, as root, each kernel runs as an unprivileged user of its own
+        (:mod:`mha_course.grading.account`): the solutions, the ``hidden`` folders and the
+        ``private`` files (``{path: bytes read before}``: the assignment and probes files) are
+        made unreadable to it until :meth:`close`. The private files are watched like the
+        solutions: a change is restored and reported, and never used (their bytes were read
+        before any learner code ran). Not root, the kernel runs as you, and only the watching
+        holds.
         """
         root = course_root()
+        submissions = tuple(hidden)
         solutions_dir = Path(solutions_dir) if solutions_dir is not None else root / "solutions"
         if sanitize is None and (root / "tests" / "nbval_sanitize.cfg").is_file():
             sanitize = root / "tests" / "nbval_sanitize.cfg"
         solutions = load_solutions(solutions_dir)
         watched = {p: p.read_bytes() for p, _ in solutions.values()}
         bwrap, why = find_sandbox(sandbox)
+        private = {Path(p): data for p, data in dict(private).items()}
+        accounts, lockdown = None, None
+        if bwrap is None:
+            accounts, _ = Accounts.find()
         hidden = tuple(dict.fromkeys([root, solutions_dir, PACKAGE_DIR.parent, Path.home(),
                                       *hidden]))
         if assignment is not None:
@@ -263,12 +279,30 @@ class Checker:
                 guard.add(PACKAGE_DIR.parent / rel, data)
         if sanitize:
             guard.add(sanitize)
+        for path, data in private.items():
+            guard.add(path, data)
+        if accounts is not None:
+            lockdown = Lockdown([solutions_dir, Path.home(), *submissions, *private],
+                                keep_open=python_paths())
         isolation = Isolation(library,
                               Path(sanitize).read_text(encoding="utf-8") if sanitize else None,
                               bwrap, hidden, (GRADER_PLUGIN,) if assignment is not None else (),
-                              limits, find_enforcement(limits, bwrap is not None), guard)
+                              limits,
+                              find_enforcement(limits, bwrap is not None, accounts is not None),
+                              guard,
+                              accounts, (root,) if accounts is not None else ())
         return cls(solutions, solutions_dir, isolation, timeout, why, watched, assignment,
-                   probes)
+                   probes, lockdown)
+
+    @property
+    def own_users(self) -> bool:
+        """Whether kernels run as users of their own (no sandbox, the checker is root)."""
+        return self.isolation.accounts is not None
+
+    def close(self) -> None:
+        """Give the paths made private for this command their permission bits back."""
+        if self.lockdown is not None:
+            self.lockdown.close()
 
     @functools.cached_property
     def catalog(self) -> dict:

@@ -69,7 +69,7 @@ from .notebooks import (
 from .outputs import backup, free_name, plan_outputs
 from .report import combine, csv_text, format_result, summary_table
 from .run import DEFAULT_TIMEOUT, stop_on_signals
-from .sandbox import UNSANDBOXED
+from .sandbox import OWN_USER, UNSANDBOXED
 from .tidy import problems, tidy
 
 
@@ -311,21 +311,34 @@ def _check(args) -> int:
     keep = keep_folder(outputs.csv) if outputs.csv is not None and folder_mode else None
     hidden = [p if p.is_dir() else p.parent for p in paths]
     limits = Limits(args.memory, args.processes, args.disk)
+    private = {}  # the instructor's files, read now: watched, and private to the kernels
+    for path in (args.assignment, args.probes, args.roster):
+        if path is not None:
+            try:
+                private[path] = path.read_bytes()
+            except OSError:
+                continue
     with stop_on_signals():
         checker = Checker.create(_solutions(args.solutions), args.timeout,
                                  sandbox=not args.no_sandbox, hidden=hidden, assignment=assignment,
-                                 probes=probes, limits=limits, keep=keep)
-        if checker.unsandboxed:
-            print("note: " + UNSANDBOXED.format(reason=checker.unsandboxed), file=sys.stderr,
-                  flush=True)
-        else:  # unsandboxed, the note above says it all
-            for missing in checker.isolation.enforcement.missing:
-                print(f"note: {missing}", file=sys.stderr, flush=True)
-        if folder_mode:
-            code = _check_folder(args, paths, checker, outputs, roster, deadline)
-        else:
-            code = _check_files(args, paths, checker, outputs.csv)
-        changed = checker.changed()
+                                 probes=probes, limits=limits, keep=keep, private=private)
+        try:
+            if checker.unsandboxed:
+                note = OWN_USER if checker.own_users else UNSANDBOXED
+                print("note: " + note.format(reason=checker.unsandboxed), file=sys.stderr,
+                      flush=True)
+                for line in checker.lockdown.notes if checker.lockdown else ():
+                    print(f"note: {line}", file=sys.stderr, flush=True)
+            if not checker.unsandboxed or checker.own_users:
+                for missing in checker.isolation.enforcement.missing:
+                    print(f"note: {missing}", file=sys.stderr, flush=True)
+            if folder_mode:
+                code = _check_folder(args, paths, checker, outputs, roster, deadline)
+            else:
+                code = _check_files(args, paths, checker, outputs.csv)
+            changed = checker.changed()
+        finally:
+            checker.close()
     if changed:  # by an editor's autosave, or by a submission's code without a sandbox
         print("warning: these files changed on disk during the check (every verdict above used "
               "the copies taken at the start):\n" + "\n".join(f"  {c}" for c in changed),

@@ -41,6 +41,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from .account import DROP_ENV
 from .limits import ENV, Enforcement, Limits, kernel_env, launcher
 
 #: The module the kernel is started with (it imports the checks, then starts ipykernel).
@@ -50,6 +51,12 @@ SANDBOX_WORK = "/tmp/work"
 #: Shown once per command when learners' code runs without a sandbox (completed by the reason).
 UNSANDBOXED = ("learners' code runs WITHOUT a sandbox: {reason}; it can read and write whatever "
                "you can (see the README's trust model)")
+#: Shown instead when, without a sandbox, each kernel runs as a user of its own (root only).
+OWN_USER = ("learners' code runs without a sandbox ({reason}), each kernel as an unprivileged "
+            "user of its own: it cannot read the solutions, the assignment or the submissions, "
+            "nor write your files (see the README's trust model)")
+#: The environment variable that turns the sandbox off (``off``), as ``--no-sandbox`` does.
+SANDBOX_ENV = "MHA_COURSE_SANDBOX"
 
 
 @dataclass(frozen=True)
@@ -190,6 +197,11 @@ class FileGuard:
     def __len__(self) -> int:
         return len(self._files)
 
+    def report(self, changes) -> None:
+        """Add ``changes`` found by other means (what a kernel wrote elsewhere) to the report."""
+        with self._lock:
+            self.changes += list(changes)
+
     def verify(self, during=()) -> list[Change]:
         """Compare every file with its snapshot; restore or report each change (see above)."""
         found = []
@@ -273,6 +285,8 @@ def find_sandbox(enabled: bool = True) -> tuple[str | None, str]:
     """
     if not enabled:
         return None, "--no-sandbox was given"
+    if os.environ.get(SANDBOX_ENV, "").strip().lower() == "off":
+        return None, f"{SANDBOX_ENV}=off was set"
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         return None, ("bwrap (bubblewrap) is not installed; on Debian or Ubuntu: "
@@ -297,7 +311,7 @@ def _inside(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
 
 
-def _python_paths() -> list[Path]:
+def python_paths() -> list[Path]:
     """What the kernel's Python needs to read: the prefixes and the site-packages folders."""
     paths = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
              os.path.dirname(sys.executable), *site.getsitepackages()]
@@ -335,7 +349,7 @@ def bwrap_command(bwrap: str, folders: RunFolders, hidden=(), disk: int | None =
         if mask == Path("/tmp") and disk:
             args += ["--size", str(int(disk))]
         args += ["--tmpfs", str(mask)]
-    exposed = [p for p in _python_paths() if any(_inside(p, m) for m in masks)]
+    exposed = [p for p in python_paths() if any(_inside(p, m) for m in masks)]
     exposed = sorted(exposed, key=lambda p: len(p.parts))
     exposed = [p for i, p in enumerate(exposed) if not any(_inside(p, o) for o in exposed[:i])]
     for path in exposed:
@@ -353,21 +367,32 @@ def bwrap_command(bwrap: str, folders: RunFolders, hidden=(), disk: int | None =
 
 
 def kernel_spec(folders: RunFolders, bwrap: str | None, hidden=(), limits: Limits | None = None,
-                enforcement: Enforcement | None = None, cgroups=None) -> dict:
+                enforcement: Enforcement | None = None, cgroups=None,
+                account: int | None = None) -> dict:
     """How the nbval plugin starts the kernel (``--mha-kernel``): argv, transport, folders.
 
     In the sandbox the kernel has no network, so it talks to pytest over IPC sockets in ``k/``
     and is interrupted by a message rather than a signal (the signal would reach bwrap).
     ``limits`` are applied as :mod:`~mha_course.grading.limits` says: the kernel joins its
     ``cgroups`` (a :class:`~mha_course.grading.limits.KernelCgroups`) before anything runs, and
-    sets its own rlimits (the environment variable ``MHA_COURSE_LIMITS``).
+    sets its own rlimits (the environment variable ``MHA_COURSE_LIMITS``). ``account``: without
+    the sandbox, the user (and group) id the kernel becomes before any learner code runs
+    (:mod:`mha_course.grading.account`); its home is then its working folder, and the process
+    limit is its own ``RLIMIT_NPROC`` (that user runs nothing else).
     """
     limits = limits or Limits(None, None, None)
     enforcement = enforcement or Enforcement()
     kernel = folders.kernel.resolve()
     inner = [sys.executable, "-m", KERNEL_MODULE, "-f", "{connection_file}"]
     prefix = launcher(cgroups.procs_files() if cgroups is not None else ())
-    env = {ENV: kernel_env(limits, nproc=bwrap is not None and enforcement.nproc_in_sandbox)}
+    own_user = bwrap is None and account is not None
+    env = {ENV: kernel_env(limits, nproc=own_user or (bwrap is not None
+                                                      and enforcement.nproc_in_sandbox))}
+    if own_user:
+        work = str(folders.work.resolve())
+        env.update({DROP_ENV: f"{account}:{account}", "HOME": work, "USER": "mha-kernel",
+                    "LOGNAME": "mha-kernel", "IPYTHONDIR": f"{work}/.ipython",
+                    "MPLCONFIGDIR": f"{work}/.matplotlib", "TMPDIR": work})
     spec = {"cwd": str(folders.work.resolve()), "connection_file": str(kernel / "kernel.json"),
             "env": env, "limits": {"memory": limits.memory, "processes": limits.processes,
                                    "disk": limits.disk},
