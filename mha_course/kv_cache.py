@@ -43,7 +43,7 @@ INITIAL_CAPACITY = 16
 def parse_batch_shape(func: str, batch_shape) -> tuple[int, ...]:
     """A tuple of non-negative ints (an int ``B`` means ``(B,)``), or a named ``ValueError``.
 
-    Shared by :class:`KVCache` and the latent cache of :mod:`mha_course.mla`.
+    Shared by :class:`KVCache` and the latent cache of :mod:`mha_course.variants.mla`.
     """
     if isinstance(batch_shape, (int, np.integer)) and not isinstance(batch_shape, bool):
         batch_shape = (batch_shape,)

@@ -29,7 +29,7 @@ before the softmax, with the fixed geometric slopes of :func:`alibi_slopes`: not
 nothing rotated, so the same formula runs at any length; but it is a hard linear recency penalty,
 so at lengths past the trained one distant keys get almost no weight (its effective reach stays
 near the trained length). Stretching RoPE's context instead (position interpolation, NTK-aware
-scaling, YaRN, Llama 3.1's rule) is :mod:`mha_course.rope_scaling`.
+scaling, YaRN, Llama 3.1's rule) is :mod:`mha_course.variants.rope_scaling`.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from mha_course import kv_cache_bytes, mla_cache_bytes
-from mha_course.model_configs import MODELS, cache_bytes
+from mha_course.cost import MODELS, cache_bytes
 from mha_course.widgets.cache_memory import (
     DTYPES,
     FIGSIZE,

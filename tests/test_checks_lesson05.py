@@ -41,8 +41,8 @@ def _rope_interleaved(x, positions, sign=1.0, speed=2.0, layout="interleaved"):
 
 def _llama3(d, base, cfg, *, swap=False, blend="smooth", times=False, compare="wavelength",
             speed=2.0):
-    """05.3 forbids mha_course.rope_scaling: the rule from the config; keywords make the wrong
-    ones."""
+    """05.3 forbids mha_course.variants.rope_scaling: the rule from the config; keywords make the
+    wrong ones."""
     theta = base ** (-speed * np.arange(d // 2) / d)
     factor, L = cfg["factor"], cfg["original_max_position_embeddings"]
     low, high = cfg["low_freq_factor"], cfg["high_freq_factor"]
@@ -178,7 +178,7 @@ MISTAKES = [
     ("llama3-one-per-feature", "check_llama3_rope_frequencies",
      lambda d, b, c: np.repeat(_llama3(d, b, c), 2), r"one frequency per PAIR of features"),
     ("llama3-calls-the-package", "check_llama3_rope_frequencies",
-     lambda d, b, c: mha_course.rope_scaling.llama3_frequencies(
+     lambda d, b, c: mha_course.variants.rope_scaling.llama3_frequencies(
          d, b, c["factor"], c["low_freq_factor"], c["high_freq_factor"],
          c["original_max_position_embeddings"]),
      r"asks you to write the rule from the config yourself; your answer calls "

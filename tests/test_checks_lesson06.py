@@ -139,9 +139,9 @@ MISTAKES = [
      r"a float; return an int"),
     ("cache-bytes-model-configs", "check_cache_bytes",
      lambda config, seq_len, batch=1, bytes_per_value=2:
-         mha_course.model_configs.cache_bytes(config, seq_len, batch, bytes_per_value),
+         mha_course.cost.cache_bytes(config, seq_len, batch, bytes_per_value),
      r"asks you to read the config's fields yourself; your answer calls "
-     r"mha_course.model_configs.cache_bytes"),
+     r"mha_course.cost.cache_bytes"),
     ("decode-sees-the-future", "check_decode_with_cache", _decode_all_tokens,
      r"every step attended to all T tokens, the future too"),
     ("decode-only-itself", "check_decode_with_cache",

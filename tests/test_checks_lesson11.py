@@ -12,7 +12,7 @@ import pytest
 
 from mha_course import checks
 from mha_course.checks import CheckFailed, lesson11
-from mha_course.precision import round_to
+from mha_course.parallel.precision import round_to
 
 # ------------------------------------------------------------------ correct implementations
 
@@ -121,7 +121,7 @@ MISTAKES = [
     ("cu-no-zero", "check_cu_seqlens_from_positions",
      lambda pos: _cu_from_positions(pos)[1:], r"begin with 0"),
     ("cu-package", "check_cu_seqlens_from_positions",
-     lambda pos: __import__("mha_course.packing", fromlist=["x"]).cu_seqlens(
+     lambda pos: __import__("mha_course.parallel.packing", fromlist=["x"]).cu_seqlens(
          np.diff(_cu_from_positions(pos))),
      r"asks you to read the boundaries off the positions yourself"),
     ("stall-plus-one", "check_accumulator_stall", lambda f, t: _stall(f, t, off=1),

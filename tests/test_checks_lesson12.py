@@ -84,7 +84,7 @@ MISTAKES = [
      r"tanh\(s/c\) without the factor c"),
     ("cap-clip", "check_capped_weights", _kind(_capped, "clip"), r"a hard clip is not a soft cap"),
     ("cap-calls-the-package", "check_capped_weights",
-     lambda s, m, c: softmax(mha_course.logit_control.soft_cap(s, c), mask=m),
+     lambda s, m, c: softmax(mha_course.variants.logit_control.soft_cap(s, c), mask=m),
      r"asks you to write the cap yourself"),
     ("sink-renormalised", "check_sink_softmax", _kind(_sink, "renormalised"),
      r"dropped and the rest renormalised"),

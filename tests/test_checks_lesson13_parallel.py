@@ -130,8 +130,8 @@ WRONG_FIXES = [
      lambda layer, x, lengths: _packed(layer, x, lengths, False, True),
      r"equals the document run alone.*the block-diagonal mask is half the fix"),
     ("packed-uses-the-package", "check_packed_documents",
-     lambda layer, x, lengths: layer(x, mask=mha_course.packing.varlen_mask(
-         mha_course.packing.cu_seqlens(lengths)))[0],
+     lambda layer, x, lengths: layer(x, mask=mha_course.parallel.packing.varlen_mask(
+         mha_course.parallel.packing.cu_seqlens(lengths)))[0],
      r"asks you to build the mask and positions yourself"),
     ("merge-added", "check_lse_merge", lambda *a: _merge(*a, "added"),
      r"the two log-sum-exps were added.*ring-flash-attention#20"),
@@ -145,7 +145,7 @@ WRONG_FIXES = [
 @pytest.mark.parametrize(("check", "wrong", "pattern"), [w[1:] for w in WRONG_FIXES],
                          ids=[w[0] for w in WRONG_FIXES])
 def test_a_known_wrong_fix_is_named(check, wrong, pattern, capsys):
-    import mha_course.packing  # noqa: F401  (the names the wrong fixes reach for)
+    import mha_course.parallel.packing  # noqa: F401  (the names the wrong fixes reach for)
     import mha_course.parallel.tensor  # noqa: F401
 
     with pytest.raises(CheckFailed, match=pattern):

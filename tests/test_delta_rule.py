@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mha_course.delta_rule import delta_rule, delta_rule_parallel, l2_normalize
+from mha_course.variants.delta_rule import delta_rule, delta_rule_parallel, l2_normalize
 
 
 def by_hand(q, k, v, beta, alpha):

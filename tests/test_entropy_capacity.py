@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from mha_course import softmax
-from mha_course.entropy import attention_entropy, logn_scale
 from mha_course.models.head_capacity import best_rank_fit, fit_heads, total_variation
+from mha_course.variants.entropy import attention_entropy, logn_scale
 
 
 @pytest.mark.torch

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from mha_course import causal_mask, softmax
-from mha_course.gated_attention import (
+from mha_course.variants.gated_attention import (
     diff_lambda,
     differential_attention,
     differential_cost,

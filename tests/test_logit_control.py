@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mha_course import causal_mask, softmax
-from mha_course.logit_control import (
+from mha_course.variants.logit_control import (
     logit_stats,
     qk_norm,
     qk_norm_backward,

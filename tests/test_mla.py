@@ -1,4 +1,4 @@
-"""Multi-head latent attention (``mha_course.mla``) and ``mla_cache_bytes``.
+"""Multi-head latent attention (``mha_course.variants.mla``) and ``mla_cache_bytes``.
 
 The absorbed form must equal the naive one to float64 round-off, with and without masks; the
 naive one must equal the definition written as a loop over heads in DeepSeek's order (Hugging
@@ -29,7 +29,7 @@ from mha_course import (
     sliding_window_mask,
     softmax,
 )
-from mha_course.model_configs import MODELS, cache_bytes, values_per_layer_token
+from mha_course.cost import MODELS, cache_bytes, values_per_layer_token
 
 # Every dimension different: d_model=18, h=3, d_c=7, d_rope=4, d_k=5, d_v=6, T=9.
 D_MODEL, H, D_C, D_ROPE, D_K, D_V, T = 18, 3, 7, 4, 5, 6, 9

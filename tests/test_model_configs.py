@@ -1,4 +1,4 @@
-"""Real models' configurations (``mha_course.model_configs``) and the cache sizes computed from
+"""Real models' configurations (``mha_course.cost``) and the cache sizes computed from
 them, against the figures the models' papers and cards publish."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import pytest
 
 from mha_course import kv_cache_bytes, mla_cache_bytes
-from mha_course.model_configs import (
+from mha_course.cost import (
     MODELS,
     cache_bytes,
     head_dim,
@@ -17,7 +17,7 @@ from mha_course.model_configs import (
     mla_layer_options,
     values_per_layer_token,
 )
-from mha_course.rope_scaling import mla_softmax_scale
+from mha_course.variants.rope_scaling import mla_softmax_scale
 
 KIB, MIB, GIB = 2**10, 2**20, 2**30
 

@@ -161,9 +161,9 @@ def package_map() -> dict[str, tuple[str, list[str]]]:
 
 #: The package's wings, in the order imports point: a module may import its own wing and the
 #: wings after it in this list, never one before it (the top level, "", is the attention itself).
-WINGS = ["widgets", "grading", "checks", "models", "serving", "parallel", ""]
+WINGS = ["widgets", "grading", "checks", "models", "serving", "parallel", "variants", ""]
 #: Wings mapped module by module in the README; the others appear as one row each.
-MAPPED_WINGS = ["models", "serving", "widgets", "parallel"]
+MAPPED_WINGS = ["models", "serving", "widgets", "parallel", "variants"]
 
 
 def package_units() -> dict[str, Path]:
@@ -231,6 +231,16 @@ def test_the_import_check_sees_imports_that_point_up():
     assert ("mha_course.widgets.app", "mha_course.models.tasks") in pairs  # down: allowed
     assert any(src.startswith("mha_course.models.") and wing_of(dst) == ""
                for src, dst in pairs)
+
+
+def test_the_top_level_holds_at_most_22_entries():
+    """The top level shows the architecture: the attention's modules and one folder per wing."""
+    pkg = ROOT / "mha_course"
+    entries = sorted(p.name for p in pkg.iterdir() if p.name != "__pycache__"
+                     and (p.suffix == ".py" or (p / "__init__.py").is_file()))
+    assert len(entries) <= 22, f"{len(entries)} entries at the top level: {entries}"
+    wings = {p.name for p in pkg.iterdir() if (p / "__init__.py").is_file()}
+    assert wings == set(WINGS[:-1]), f"wings on disk {sorted(wings)} != WINGS {WINGS[:-1]}"
 
 
 def test_every_wing_says_what_lives_there_and_what_it_may_import():

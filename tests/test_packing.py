@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mha_course import MultiHeadAttention, causal_mask, scaled_dot_product_attention
-from mha_course.packing import (
+from mha_course.parallel.packing import (
     attention_work,
     chunk_lengths,
     cu_seqlens,

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mha_course import scaled_dot_product_attention
-from mha_course.precision import (
+from mha_course.parallel.precision import (
     FORMATS,
     attention_steps,
     format_info,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mha_course.positions import rope_angles
-from mha_course.rope_scaling import (
+from mha_course.variants.rope_scaling import (
     llama3_frequencies,
     mla_softmax_scale,
     ntk_base,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mha_course.model_configs import MODELS
+from mha_course.cost import MODELS
 from mha_course.serving.roofline import (
     GPUS,
     critical_batch,

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from mha_course import causal_mask, sliding_window_mask, softmax
-from mha_course.sinks import (
+from mha_course.variants.sinks import (
     sink_attention,
     softmax_with_sink,
     softmax_with_sink_backward,

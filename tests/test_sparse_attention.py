@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mha_course import causal_mask, sliding_window_mask, softmax
-from mha_course.sparse_attention import (
+from mha_course.variants.sparse_attention import (
     compress_kv,
     lightning_index,
     mass_kept,

@@ -19,7 +19,7 @@ from .. import (
     sinusoidal_positions,
     softmax,
 )
-from ..rope_scaling import llama3_frequencies
+from ..variants.rope_scaling import llama3_frequencies
 from .harness import (
     call,
     check_rng,
@@ -169,7 +169,8 @@ def check_llama3_rope_frequencies(fn) -> None:
         want = llama3_frequencies(d, base, cfg["factor"], cfg["low_freq_factor"],
                                   cfg["high_freq_factor"], cfg["original_max_position_embeddings"])
         got = call(ex, fn, (d, base, dict(cfg)), ("d", "base", "rope_scaling"),
-                   forbid={"mha_course.rope_scaling": "write the rule from the config yourself"})
+                   forbid={"mha_course.variants.rope_scaling":
+                           "write the rule from the config yourself"})
         label = (f"your frequencies for d={d}, base={base:g}, factor={cfg['factor']:g}, "
                  f"low/high_freq_factor={cfg['low_freq_factor']:g}/{cfg['high_freq_factor']:g}, "
                  f"original_max_position_embeddings={cfg['original_max_position_embeddings']}")
@@ -205,7 +206,7 @@ def check_llama3_rope_frequencies(fn) -> None:
             shape_hints={(d,): "one frequency per PAIR of features: return d/2 values, not d"},
         )
     passed(ex, "Llama 3.1's rope_scaling (d=128) and two other configs (d=64, d=96) match "
-               "mha_course.rope_scaling.llama3_frequencies")
+               "mha_course.variants.rope_scaling.llama3_frequencies")
 
 
 # ---------------------------------------------------------- 05.4 the masks of an encoder-decoder

@@ -23,8 +23,8 @@ from .. import (
     scaled_dot_product_attention,
     softmax,
 )
+from ..cost import head_dim
 from ..heads import kv_for_groups, ungroup_heads
-from ..model_configs import head_dim
 from .harness import call, check_rng, compare, compare_pair, fail, fmt_shape, pair, passed
 from .variants import attention_hint
 
@@ -67,7 +67,7 @@ def check_cache_bytes(fn) -> None:
         want = kv_cache_bytes(L, g, d, seq_len, batch, width)
         got = call(ex, fn, (config, seq_len), ("config", "seq_len"),
                    {"batch": batch, "bytes_per_value": width},
-                   forbid={"mha_course.model_configs": "read the config's fields yourself"})
+                   forbid={"mha_course.cost": "read the config's fields yourself"})
         if isinstance(got, (bool, np.bool_)) or not isinstance(got, (numbers.Integral,
                                                                       np.integer)):
             if isinstance(got, (float, np.floating)) and float(got) == want:

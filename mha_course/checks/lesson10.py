@@ -15,7 +15,7 @@ import numbers
 
 import numpy as np
 
-from ..model_configs import MODELS
+from ..cost import MODELS
 from ..serving.decoder import ContiguousCache, Decoder, attend_groups, rotate
 from ..serving.roofline import GPUS, critical_batch, decode_step_cost, model_sizes
 from ..serving.speculative import improvement_factor, tree_depths, tree_mask

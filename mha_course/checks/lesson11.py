@@ -5,8 +5,8 @@ The lesson is ``notebooks/11_parallel_and_precision.ipynb``; each ``check_*`` is
 exercise's check cell (see :mod:`mha_course.checks`). The references come from the package at
 check time: the simulated collectives' byte counters (:mod:`mha_course.parallel.collectives`),
 the ring's work counts (:func:`mha_course.parallel.ring.ring_attention` on placeholders), the
-packing helpers (:mod:`mha_course.packing`) and the simulated accumulators
-(:mod:`mha_course.precision`).
+packing helpers (:mod:`mha_course.parallel.packing`) and the simulated accumulators
+(:mod:`mha_course.parallel.precision`).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import numbers
 
 import numpy as np
 
-from ..packing import cu_seqlens, packed_positions
 from ..parallel.collectives import Cluster, meta
+from ..parallel.packing import cu_seqlens, packed_positions
+from ..parallel.precision import format_info, round_to
 from ..parallel.ring import ring_attention, sequence_layout
-from ..precision import format_info, round_to
 from .harness import call, compare, fail, fmt_shape, passed
 from .measure import check_rng
 
@@ -190,7 +190,7 @@ def check_cu_seqlens_from_positions(fn) -> None:
         pos = packed_positions(want)
         label = f"for documents of lengths {list(map(int, lengths))}"
         got = call(ex, fn, (pos.copy(),), ("position_ids",),
-                   forbid={"mha_course.packing": "read the boundaries off the positions "
+                   forbid={"mha_course.parallel.packing": "read the boundaries off the positions "
                                                  "yourself"})
         starts = np.flatnonzero(pos == 0)
         compare(
@@ -227,7 +227,7 @@ def check_accumulator_stall(fn) -> None:
         want = _stall(fmt, term)
         label = f"for fmt={fmt!r}, term={term}"
         got = _int(ex, call(ex, fn, (fmt, term), ("fmt", "term"),
-                            forbid={"mha_course.precision.sequential_sum":
+                            forbid={"mha_course.parallel.precision.sequential_sum":
                                     "write the accumulator yourself"}), label)
         if got == want:
             continue

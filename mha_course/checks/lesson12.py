@@ -3,8 +3,10 @@
 
 The lesson is ``notebooks/12_attention_2025.ipynb``; each ``check_*`` is called by an exercise's
 check cell (see :mod:`mha_course.checks`). The references come from the package at check time:
-:func:`mha_course.logit_control.soft_cap`, :func:`mha_course.logit_control.qk_norm`,
-:func:`mha_course.sinks.softmax_with_sink` and :func:`mha_course.delta_rule.delta_rule`.
+:func:`mha_course.variants.logit_control.soft_cap`,
+:func:`mha_course.variants.logit_control.qk_norm`,
+:func:`mha_course.variants.sinks.softmax_with_sink` and
+:func:`mha_course.variants.delta_rule.delta_rule`.
 """
 
 from __future__ import annotations
@@ -12,10 +14,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..attention import causal_mask
-from ..delta_rule import delta_rule
-from ..logit_control import qk_norm, soft_cap
-from ..sinks import softmax_with_sink
 from ..softmax import softmax
+from ..variants.delta_rule import delta_rule
+from ..variants.logit_control import qk_norm, soft_cap
+from ..variants.sinks import softmax_with_sink
 from .harness import call, compare, fail, passed
 from .measure import check_rng
 
@@ -47,7 +49,7 @@ def _capped_case(ex, fn, scores, mask, cap):
     shape = scores.shape
     want = softmax(soft_cap(scores, cap), mask=mask)
     got = call(ex, fn, (scores, mask, cap), ("scores", "mask", "cap"),
-               forbid={"mha_course.logit_control.soft_cap": "write the cap yourself"})
+               forbid={"mha_course.variants.logit_control.soft_cap": "write the cap yourself"})
     filled = np.where(mask, scores, -np.inf)
     compare(ex, got, want, f"your weights for scores {shape}, cap {cap}",
             "(..., T, S)", variants=[
@@ -83,8 +85,8 @@ def _sink_case(ex, fn, scores, sinks):
     shape, h = scores.shape, scores.shape[-3]
     want, _ = softmax_with_sink(scores, sinks)
     got = call(ex, fn, (scores, sinks), ("scores", "sinks"),
-               forbid={"mha_course.sinks.softmax_with_sink": "write the sink softmax "
-                       "yourself", "mha_course.sinks.sink_attention": "write the sink "
+               forbid={"mha_course.variants.sinks.softmax_with_sink": "write the sink softmax "
+                       "yourself", "mha_course.variants.sinks.sink_attention": "write the sink "
                        "softmax yourself"})
     col = np.broadcast_to(sinks[:, None, None], shape[:-1] + (1,))
     with_col = softmax(np.concatenate([scores, col], axis=-1))
@@ -122,7 +124,7 @@ def _qk_case(ex, fn, x, h, gain, eps):
     heads = x.reshape(*shape[:-1], h, d_k)
     want = qk_norm(heads, gain, eps).reshape(shape)
     got = call(ex, fn, (x, h, gain, eps), ("x", "h", "gain", "eps"),
-               forbid={"mha_course.logit_control.qk_norm": "write the norm yourself",
+               forbid={"mha_course.variants.logit_control.qk_norm": "write the norm yourself",
                        "mha_course.block.rms_norm": "write the norm yourself",
                        "mha_course.rms_norm": "write the norm yourself"})
     rms_all = np.sqrt((x * x).mean(-1, keepdims=True) + eps)
@@ -162,8 +164,8 @@ def _delta_case(ex, fn, S, k, v, beta):
     d_k, d_v = S.shape
     _, want = delta_rule(k[None], k[None], v[None], beta, state=S, normalize=False)
     got = call(ex, fn, (S, k, v, beta), ("S", "k", "v", "beta"),
-               forbid={"mha_course.delta_rule.delta_rule": "write the update yourself",
-                       "mha_course.delta_rule.delta_rule_parallel": "write the update "
+               forbid={"mha_course.variants.delta_rule.delta_rule": "write the update yourself",
+                       "mha_course.variants.delta_rule.delta_rule_parallel": "write the update "
                        "yourself"})
     compare(ex, got, want, f"your new state (d_k {d_k}, d_v {d_v}, beta {beta})",
             "(d_k, d_v)", variants=[

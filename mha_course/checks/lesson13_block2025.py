@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..attention import causal_mask
-from ..logit_control import qk_norm, soft_cap
 from ..softmax import softmax
+from ..variants.logit_control import qk_norm, soft_cap
 from . import properties as P
 from .harness import call, compare, fmt, passed
 from .measure import check_rng
@@ -46,7 +46,7 @@ def check_softcap_before_mask(fn) -> None:
         want_w = softmax(soft_cap(scores, cap), mask=mask)
         got = call(ex, fn, (q.copy(), k.copy(), v.copy(), mask.copy(), cap),
                    ("q", "k", "v", "mask", "cap"),
-                   forbid={"mha_course.logit_control.soft_cap": "fix the order yourself"})
+                   forbid={"mha_course.variants.logit_control.soft_cap": "fix the order yourself"})
         if not (isinstance(got, tuple) and len(got) == 2):
             require(ex, P.REFERENCE, f"your function returned {type(got).__name__}; expected "
                     "a tuple (out, weights)")
@@ -81,7 +81,8 @@ def check_per_head_qk_norm(fn) -> None:
         label = f"for x {shape} with h = {h}"
         want = qk_norm(x.reshape(*shape[:-1], h, d_k), gain, 1e-6).reshape(shape)
         got = array(ex, call(ex, fn, (x.copy(), h, gain.copy(), 1e-6), ("x", "h", "gain", "eps"),
-                             forbid={"mha_course.logit_control.qk_norm": "fix the norm yourself",
+                             forbid={"mha_course.variants.logit_control.qk_norm":
+                                     "fix the norm yourself",
                                      "mha_course.block.rms_norm": "fix the norm yourself",
                                      "mha_course.rms_norm": "fix the norm yourself"}),
                     shape, f"your output {label}", "(..., T, h·d_k)")

@@ -23,7 +23,7 @@ from .. import (
     scaled_dot_product_attention,
     split_heads,
 )
-from ..model_configs import MODELS
+from ..cost import MODELS
 from . import properties as P
 from .harness import as_array, call, check_rng, close, compare, fail, fmt_shape, pair, passed
 from .properties import array, require
@@ -305,7 +305,7 @@ def check_mla_cache_formula(fn) -> None:
         layer.decode_step(x_t, cache)
     held = tiny["num_hidden_layers"] * cache.entries.size * 4  # 3 layers, 7 tokens, batch 2, fp32
     forbid = {"mha_course.mla_cache_bytes": "write the formula yourself",
-              "mha_course.model_configs": "read the config's fields yourself"}
+              "mha_course.cost": "read the config's fields yourself"}
     probes = [("a tiny MLA model (3 layers, d_c=8, d_rope=4, h=4)", tiny, 7, 2, 4, held)]
     probes += [(name, dict(MODELS[name]), n, 1, 2, None)
                for name, n in (("DeepSeek-V2", 8192), ("DeepSeek-V3", 131072))]

@@ -15,8 +15,8 @@ import math
 import numpy as np
 
 from .. import MultiHeadAttention, causal_mask, sinusoidal_positions, tiled_attention
-from ..packing import varlen_mask
 from ..parallel.collectives import Cluster
+from ..parallel.packing import varlen_mask
 from . import properties as P
 from .harness import call, fail, pair, passed
 from .measure import check_rng
@@ -114,7 +114,8 @@ def check_packed_documents(fn) -> None:
 
         def run(xx, ls=tuple(lengths), layer=layer, label=label):
             got = call(ex, fn, (layer, xx, list(ls)), ("layer", "x", "lengths"),
-                       forbid={"mha_course.packing": "build the mask and positions yourself"})
+                       forbid={"mha_course.parallel.packing":
+                               "build the mask and positions yourself"})
             return array(ex, got, (sum(ls), layer.d_model), f"your output {label}",
                          "(total, d_model)")
 

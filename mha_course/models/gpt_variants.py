@@ -42,10 +42,10 @@ from .._validate import fail
 from ..attention import causal_mask
 from ..block import rms_norm, rms_norm_backward, sigmoid, swiglu, swiglu_backward
 from ..heads import merge_heads, split_heads
-from ..logit_control import qk_norm, qk_norm_backward, soft_cap, soft_cap_backward
 from ..positions import apply_rope
-from ..sinks import softmax_with_sink, softmax_with_sink_backward
 from ..softmax import softmax
+from ..variants.logit_control import qk_norm, qk_norm_backward, soft_cap, soft_cap_backward
+from ..variants.sinks import softmax_with_sink, softmax_with_sink_backward
 from .gpt import GPT, GPTConfig
 from .tiny_model import cross_entropy
 

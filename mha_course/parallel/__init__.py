@@ -14,7 +14,11 @@ Taught in ``notebooks/11_parallel_and_precision.ipynb``. What lives here:
   parallelism two ways, ring attention with its contiguous, zig-zag and striped layouts, and
   DeepSpeed-Ulysses' all-to-all;
 - :mod:`~mha_course.parallel.memory`: the activation memory of training, per device, under
-  tensor and sequence parallelism, with and without recomputation.
+  tensor and sequence parallelism, with and without recomputation;
+- :mod:`~mha_course.parallel.packing`: several documents packed in one row, kept apart by
+  ``cu_seqlens`` (a block-diagonal mask and positions that restart);
+- :mod:`~mha_course.parallel.precision`: attention in low precision (bfloat16, float16, 8-bit
+  floats) and what must stay float32.
 
 What it may import: the attention itself (the top level of ``mha_course``) and NumPy, nothing
 above (no models, checks, grading or widgets): a model is taken by duck typing, so the wing sits

@@ -2,9 +2,12 @@
 
 Taught in ``notebooks/10_serving.ipynb``. What lives here:
 
-- ``decoder``: a decoder-only model as a server sees it (weights by name, run chunk by chunk
-  over a cache; built from lesson 09's GPT by duck typing, or with random weights for tests),
-  and the contiguous cache that generating one request alone uses;
+- ``decoder``: a decoder-only model as a server sees it (run chunk by chunk over a cache; built
+  from lesson 09's GPT, or with random weights for tests), and the contiguous cache that
+  generating one request alone uses;
+- ``paged_cache``: the paged KV cache (PagedAttention, vLLM), taught in lesson 06
+  (``notebooks/06_decoding.ipynb``): many sequences' keys and values in one pool of blocks;
+  ``paged`` runs the decoder's layers over one such pool per layer, in lockstep;
 - ``roofline``: the bytes and FLOPs of a decode step and of a prefill, and their time on a GPU
   from its datasheet;
 - ``scheduler``: requests, a paged KV cache for many sequences, static and continuous batching
@@ -15,8 +18,9 @@ Taught in ``notebooks/10_serving.ipynb``. What lives here:
   formula, a tree-attention mask;
 - ``split_kv``: Flash-Decoding's split of the cache into chunks, combined by log-sum-exp, and
   the occupancy that motivates it;
-- ``compressed``: quantised K and V (int8, an 8-bit float) and eviction at a fixed budget
-  (sliding window, StreamingLLM's sinks, H2O, SnapKV), as caches the decoder runs over.
+- ``quantized`` and ``eviction``: smaller caches, by quantised K and V (int8, an 8-bit float)
+  and by eviction at a fixed budget (sliding window, StreamingLLM's sinks, H2O, SnapKV), as
+  caches the decoder runs over.
 
 What it may import: the attention itself (the package's top-level modules: the layer, its
 caches, masks, positions, the block, the softmax) and NumPy (``ml_dtypes`` for the 8-bit float).

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from .._validate import fail, validate_positive_int
 from ..attention import causal_mask
-from ..paged_cache import PagedKVCache
 from .decoder import attend_groups, rotate
+from .paged_cache import PagedKVCache
 
 
 class PagedStore:

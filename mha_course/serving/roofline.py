@@ -27,8 +27,7 @@ import math
 import numpy as np
 
 from .._validate import fail, validate_positive_int
-from ..cost import kv_cache_bytes, param_count
-from ..model_configs import head_dim
+from ..cost import head_dim, kv_cache_bytes, param_count
 
 #: Datasheet numbers of GPUs (dense: without 2:4 structured sparsity).
 GPUS: dict[str, dict] = {
@@ -50,7 +49,7 @@ def model_sizes(config: dict) -> dict[str, int]:
 
     Examples
     --------
-    >>> from mha_course.model_configs import MODELS
+    >>> from mha_course.cost import MODELS
     >>> model_sizes(MODELS["Llama 3 8B"])["total"]
     8030261248
     """
@@ -87,7 +86,7 @@ def decode_step_cost(config: dict, batch: int, context: int, bytes_per_value: in
 
     Examples
     --------
-    >>> from mha_course.model_configs import MODELS
+    >>> from mha_course.cost import MODELS
     >>> c = decode_step_cost(MODELS["Llama 3 8B"], batch=1, context=1)
     >>> round(c["intensity"], 2)  # one token: about one FLOP per byte of bf16 weights
     1.0
@@ -115,7 +114,7 @@ def prefill_cost(config: dict, T: int, bytes_per_value: int = 2) -> dict:
 
     Examples
     --------
-    >>> from mha_course.model_configs import MODELS
+    >>> from mha_course.cost import MODELS
     >>> decode = decode_step_cost(MODELS["Llama 3 8B"], 1, 2048)["intensity"]
     >>> prefill = prefill_cost(MODELS["Llama 3 8B"], 2048)["intensity"]
     >>> bool(prefill > 500 * decode)
@@ -152,7 +151,7 @@ def critical_batch(config: dict, context: int, gpu: dict, bytes_per_value: int =
 
     Examples
     --------
-    >>> from mha_course.model_configs import MODELS
+    >>> from mha_course.cost import MODELS
     >>> critical_batch(MODELS["Llama 3 8B"], 1, GPUS["H100 SXM"]) > 250
     True
     >>> critical_batch(MODELS["Llama 3 8B"], 32768, GPUS["H100 SXM"]) is None

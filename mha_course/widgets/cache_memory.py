@@ -4,8 +4,8 @@ Taught in ``notebooks/06_decoding.ipynb``.
 
 - :func:`draw_cache_memory` is a pure function (no widgets): it computes the cache of "your
   setting" (layers, K/V heads, head dim, or an MLA latent; an optional sliding window) and of
-  every model in :data:`~mha_course.model_configs.MODELS`, at one sequence length, batch and
-  dtype, with :func:`~mha_course.model_configs.cache_bytes`, and draws them as one bar chart;
+  every model in :data:`~mha_course.cost.MODELS`, at one sequence length, batch and
+  dtype, with :func:`~mha_course.cost.cache_bytes`, and draws them as one bar chart;
   :func:`summary_line` says in one line what it drew.
 - :func:`cache_memory_widget` wraps it in ipywidgets: sliders for layers, K/V heads, head dim,
   sequence length and batch, a dtype choice, and presets that load each model's configuration
@@ -22,7 +22,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from .._validate import fail, validate_positive_int
-from ..model_configs import MODELS, cache_bytes, head_dim, is_mla, values_per_layer_token
+from ..cost import MODELS, cache_bytes, head_dim, is_mla, values_per_layer_token
 from .explorer import figure_png
 
 #: Bytes per cached value for each dtype the widget offers.

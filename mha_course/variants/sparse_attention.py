@@ -26,9 +26,9 @@ import math
 
 import numpy as np
 
-from ._validate import as_float_array, fail, validate_mask, validate_positive_int
-from .attention import causal_mask, sliding_window_mask, validate_qkv
-from .softmax import softmax
+from .._validate import as_float_array, fail, validate_mask, validate_positive_int
+from ..attention import causal_mask, sliding_window_mask, validate_qkv
+from ..softmax import softmax
 
 __all__ = ["compress_kv", "lightning_index", "mass_kept", "nsa_attention", "select_blocks",
            "sparse_flops", "topk_mask"]

@@ -25,10 +25,10 @@ import math
 
 import numpy as np
 
-from ._validate import as_float_array, fail, validate_positive_int
-from .attention import validate_qkv
-from .block import rms_norm, sigmoid
-from .softmax import softmax
+from .._validate import as_float_array, fail, validate_positive_int
+from ..attention import validate_qkv
+from ..block import rms_norm, sigmoid
+from ..softmax import softmax
 
 __all__ = ["diff_lambda", "differential_attention", "differential_cost", "gate_cost",
            "gated_heads", "lambda_init"]

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validate import as_float_array, fail, validate_mask, validate_positive_int
-from .attention import sliding_window_mask, validate_qkv
+from .._validate import as_float_array, fail, validate_mask, validate_positive_int
+from ..attention import sliding_window_mask, validate_qkv
 
 __all__ = ["sink_attention", "softmax_with_sink", "softmax_with_sink_backward",
            "streaming_mask"]

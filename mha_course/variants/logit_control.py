@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validate import as_float_array, fail, validate_mask
-from .block import rms_norm, rms_norm_backward
+from .._validate import as_float_array, fail, validate_mask
+from ..block import rms_norm, rms_norm_backward
 
 __all__ = ["logit_stats", "qk_norm", "qk_norm_backward", "soft_cap", "soft_cap_backward"]
 

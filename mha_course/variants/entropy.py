@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validate import as_float_array, fail, validate_positive_int
+from .._validate import as_float_array, fail, validate_positive_int
 
 __all__ = ["attention_entropy", "logn_scale"]
 

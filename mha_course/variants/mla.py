@@ -13,7 +13,7 @@ a decoder caches ``c`` alone, plus one small RoPE key:
   ``c_q = RMSNorm(x W_dq)``, then ``[c_q W_uq_i ; RoPE(c_q W_qr_i)]``;
 - scores are scaled by ``1 / sqrt(d_k + d_rope)``, the width of the dot product (times YaRN's
   ``mscale²`` when ``rope_scaling`` asks for it,
-  :func:`~mha_course.rope_scaling.mla_softmax_scale`).
+  :func:`~mha_course.variants.rope_scaling.mla_softmax_scale`).
 
 The order is DeepSeek's (Hugging Face ``transformers``,
 ``src/transformers/models/deepseek_v3/modeling_deepseek_v3.py``, ``DeepseekV3Attention.forward``:
@@ -51,7 +51,8 @@ folded into a query once for all keys. DeepSeek keeps the rotation on a small ex
 
 Simplifications against DeepSeek-V2/V3: RoPE uses the half-split layout at ``rope_base``
 without YaRN's stretched frequencies (``rope_scaling`` reaches the softmax scale only; the
-frequencies are :func:`~mha_course.rope_scaling.yarn_frequencies`), and there are no biases.
+frequencies are :func:`~mha_course.variants.rope_scaling.yarn_frequencies`), and there are no
+biases.
 Queries are projected directly unless ``d_cq`` is given (DeepSeek-V2-Lite projects them
 directly; compressing them saves activation memory in training and does not change the cache).
 """
@@ -62,7 +63,7 @@ import math
 
 import numpy as np
 
-from ._validate import (
+from .._validate import (
     as_float_array,
     fail,
     fmt_shape,
@@ -70,11 +71,11 @@ from ._validate import (
     validate_positive_int,
     validate_shape,
 )
-from .attention import scaled_dot_product_attention
-from .block import rms_norm
-from .heads import head_dims, merge_heads, split_heads
-from .kv_cache import INITIAL_CAPACITY, grown, grown_capacity, parse_batch_shape
-from .positions import apply_rope
+from ..attention import scaled_dot_product_attention
+from ..block import rms_norm
+from ..heads import head_dims, merge_heads, split_heads
+from ..kv_cache import INITIAL_CAPACITY, grown, grown_capacity, parse_batch_shape
+from ..positions import apply_rope
 from .rope_scaling import mla_softmax_scale
 
 
@@ -108,8 +109,9 @@ class MultiHeadLatentAttention:
         The latent RMSNorms' epsilon (DeepSeek's ``rms_norm_eps``).
     rope_scaling : dict, optional
         The config's ``rope_scaling``; YaRN's ``mscale_all_dim`` then multiplies the softmax
-        scale by ``mscale²`` (:func:`~mha_course.rope_scaling.mla_softmax_scale`; DeepSeek-V3:
-        ``factor`` 40, ``mscale_all_dim`` 1, so ×1.874). The RoPE frequencies are not stretched.
+        scale by ``mscale²`` (:func:`~mha_course.variants.rope_scaling.mla_softmax_scale`;
+        DeepSeek-V3: ``factor`` 40, ``mscale_all_dim`` 1, so ×1.874). The RoPE frequencies are
+        not stretched.
     rng : int or numpy.random.Generator, optional
         Seed or generator for the initial weights (Xavier/Glorot uniform; the gains start at 1).
     rope_base : float, default 10000.0

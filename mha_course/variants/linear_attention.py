@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validate import as_float_array, fail, fmt_shape
-from .attention import validate_qkv
+from .._validate import as_float_array, fail, fmt_shape
+from ..attention import validate_qkv
 
 
 def elu_feature_map(x):

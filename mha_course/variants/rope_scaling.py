@@ -49,7 +49,7 @@ import math
 
 import numpy as np
 
-from ._validate import fail, validate_positive_int
+from .._validate import fail, validate_positive_int
 
 __all__ = [
     "llama3_frequencies",

@@ -26,8 +26,8 @@ import math
 import ml_dtypes
 import numpy as np
 
-from ._validate import as_float_array, fail, validate_positive_int
-from .softmax import softmax
+from .._validate import as_float_array, fail, validate_positive_int
+from ..softmax import softmax
 
 #: The formats the lesson compares, narrowest last.
 FORMATS = {

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validate import as_float_array, fail
+from .._validate import as_float_array, fail
 
 __all__ = ["delta_rule", "delta_rule_parallel", "l2_normalize"]
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validate import as_float_array, fail, fmt_shape, validate_positive_int, validate_shape
+from .._validate import as_float_array, fail, fmt_shape, validate_positive_int, validate_shape
 
 
 class PagedKVCache:

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validate import fail, validate_positive_int
-from .attention import scaled_dot_product_attention, validate_qkv
+from .._validate import fail, validate_positive_int
+from ..attention import scaled_dot_product_attention, validate_qkv
 
 
 def cu_seqlens(lengths) -> np.ndarray:
