@@ -227,30 +227,47 @@ class Locked:
 class Lockdown:
     """Private paths out of the kernel users' reach for one command (see the module docstring).
 
-    :meth:`close` (also run at exit) gives each path its permission bits back.
+    A path none but its owner (and group) can reach is left alone. A folder that holds the
+    Python the kernel runs (``keep_open``: a ``.venv`` in the checkout) keeps its other-x bit
+    only (it can be passed through, not listed), and each of its entries is made private in
+    turn, but for the way to that Python. :meth:`close` (also run at exit) gives every path its
+    permission bits back.
     """
 
     def __init__(self, paths, keep_open=()):
         self.locked: list[Locked] = []
         self.notes: list[str] = []
-        keep_open = [Path(p).resolve() for p in keep_open]
-        for raw in dict.fromkeys(Path(p).resolve() for p in paths):
-            if not raw.exists() or not _other_reaches(raw):
-                continue
-            if raw.is_dir() and any(p == raw or raw in p.parents for p in keep_open):
-                self.notes.append(f"{raw} stays readable to the kernel: it holds the Python the "
-                                  "kernel runs (move the course's environment out of it)")
-                continue
-            mode = stat.S_IMODE(os.stat(raw).st_mode)
-            try:
-                os.chmod(raw, mode & ~0o007)
-            except OSError as exc:
-                self.notes.append(f"{raw} stays readable to the kernel ({exc})")
-                continue
-            self.locked.append(Locked(raw, mode))
+        self._keep = [Path(p).resolve() for p in keep_open]
+        for path in dict.fromkeys(Path(p).resolve() for p in paths):
+            if path.exists() and _other_reaches(path):
+                self._lock(path)
         import atexit
 
         atexit.register(self.close)
+
+    def _lock(self, path: Path) -> None:
+        try:
+            mode = stat.S_IMODE(os.lstat(path).st_mode)
+        except OSError:
+            return
+        if stat.S_ISLNK(os.lstat(path).st_mode) or not mode & 0o007:
+            return
+        if any(p == path or p in path.parents for p in self._keep):
+            return  # the Python the kernel runs, or inside it
+        holds = path.is_dir() and any(path in p.parents for p in self._keep)
+        try:
+            os.chmod(path, (mode & ~0o007) | (0o001 if holds else 0))
+        except OSError as exc:
+            self.notes.append(f"{path} stays readable to the kernel ({exc})")
+            return
+        self.locked.append(Locked(path, mode))
+        if holds:
+            try:
+                entries = sorted(path.iterdir())
+            except OSError:
+                return
+            for entry in entries:
+                self._lock(entry)
 
     def close(self) -> None:
         while self.locked:

@@ -27,7 +27,15 @@ from .limits import Limits, find_enforcement
 from .merge import course_sources, merge_learner, normalised, reference_for
 from .notebooks import ID_RE, ExerciseError, course_root, info, lesson_of, nb_info, read_notebook
 from .run import DEFAULT_TIMEOUT, Isolation, run_nbval
-from .sandbox import CHANGED_SUFFIX, Change, FileGuard, Library, find_sandbox, python_paths
+from .sandbox import (
+    CHANGED_SUFFIX,
+    Change,
+    FileGuard,
+    Library,
+    TreeWatch,
+    find_sandbox,
+    python_paths,
+)
 from .verdicts import NotebookResult, Verdict, judge_run
 
 #: The pytest plugin of grading mode (checks run in the grader, see grading/grader.py).
@@ -244,11 +252,11 @@ class Checker:
 
         Without the sandbox, as root, each kernel runs as an unprivileged user of its own
         (:mod:`mha_course.grading.account`): the solutions, the ``hidden`` folders and the
-        ``private`` files (``{path: bytes read before}``: the assignment and probes files) are
-        made unreadable to it until :meth:`close`. The private files are watched like the
-        solutions: a change is restored and reported, and never used (their bytes were read
-        before any learner code ran). Not root, the kernel runs as you, and only the watching
-        holds.
+        ``private`` paths (``{path: bytes read before, or None}``: the assignment and probes
+        files; a folder with None) are made unreadable to it until :meth:`close`. The private
+        files are watched like the solutions: a change is restored and reported, and never used
+        (their bytes were read before any learner code ran). Not root, the kernel runs as you,
+        and only the watching holds.
         """
         root = course_root()
         submissions = tuple(hidden)
@@ -280,7 +288,12 @@ class Checker:
         if sanitize:
             guard.add(sanitize)
         for path, data in private.items():
-            guard.add(path, data)
+            if data is not None:
+                guard.add(path, data)
+        tree = None
+        if bwrap is None and accounts is None:  # the kernel runs as you: report what it wrote
+            checkout = [root] if (root / "solutions").is_dir() else []
+            tree = TreeWatch([*checkout, solutions_dir, *submissions])
         if accounts is not None:
             lockdown = Lockdown([solutions_dir, Path.home(), *submissions, *private],
                                 keep_open=python_paths())
@@ -290,7 +303,8 @@ class Checker:
                               limits,
                               find_enforcement(limits, bwrap is not None, accounts is not None),
                               guard,
-                              accounts, (root,) if accounts is not None else ())
+                              accounts, (root,) if accounts is not None else (),
+                              tree)
         return cls(solutions, solutions_dir, isolation, timeout, why, watched, assignment,
                    probes, lockdown)
 

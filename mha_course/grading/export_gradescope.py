@@ -193,6 +193,8 @@ def run_autograder(root: str | Path) -> dict:
     start = time.monotonic()
     root = Path(root)
     source, submission = root / "source", root / "submission"
+    private = {source / "assignment.json": (source / "assignment.json").read_bytes(),
+               source: None, submission: None, root / "results": None}
     assignment = load_assignment(source / "assignment.json")
     settings = json.loads((source / "autograder.json").read_text(encoding="utf-8"))
     timeout = float(settings.get("timeout", DEFAULT_TIMEOUT))
@@ -200,21 +202,28 @@ def run_autograder(root: str | Path) -> dict:
     sanitize = source / "nbval_sanitize.cfg"
     checker = Checker.create(source / "solutions", timeout, hidden=[root],
                              sanitize=sanitize if sanitize.is_file() else None,
-                             assignment=assignment)
+                             assignment=assignment, private=private)
     if checker.unsandboxed:
-        print(f"note: checking without a sandbox: {checker.unsandboxed}", flush=True)
+        how = (", each kernel as an unprivileged user of its own" if checker.own_users else
+               "; the kernel runs as this user and can read the solutions")
+        print(f"note: checking without a sandbox: {checker.unsandboxed}{how}", flush=True)
     notebooks = submitted_notebooks(submission)
     checker.watch(notebooks)
     results = []
-    for path in notebooks:
-        try:
-            result = checker.check(path)
-        except ExerciseError as exc:
-            result = exc
-        results.append((path, result))
-        print(result if isinstance(result, ExerciseError) else
-              f"{path.name}: " + ", ".join(f"{v.exercise} {v.status}" for v in result.verdicts),
-              flush=True)
+    try:
+        for path in notebooks:
+            try:
+                result = checker.check(path)
+            except ExerciseError as exc:
+                result = exc
+            results.append((path, result))
+            print(result if isinstance(result, ExerciseError) else
+                  f"{path.name}: " + ", ".join(f"{v.exercise} {v.status}"
+                                               for v in result.verdicts), flush=True)
+        for line in checker.changed():
+            print(f"warning: changed or written during the check: {line}", flush=True)
+    finally:
+        checker.close()
     row = grade_row(_student(root), "", results, assignment)
     if not notebooks:  # say why once, and what to do: not also grade_row's generic note
         why = (f"no notebook (.ipynb) in the submission: upload your "

@@ -37,7 +37,7 @@ import psutil
 from .account import RUN_PREFIX, SWEPT, Accounts, Written, kill_user, prepare_run_folder, sweep
 from .limits import Enforcement, KernelCgroups, Limits
 from .notebooks import ExerciseError, clean, notebook_text
-from .sandbox import FileGuard, Library, RunFolders, kernel_spec
+from .sandbox import FileGuard, Library, RunFolders, TreeWatch, kernel_spec
 
 #: nbval's timeout for one cell, in seconds (``python -m mha_course check --timeout``).
 DEFAULT_TIMEOUT = 30
@@ -60,7 +60,8 @@ class Isolation:
     for the run (grading mode's :mod:`mha_course.grading.grader`); ``limits`` what each kernel
     may use and ``enforcement`` how this machine enforces it; ``guard`` the files no run may
     change; ``accounts`` the users kernels run as without the sandbox (as root), and
-    ``swept`` the folders searched after each run for what such a kernel wrote.
+    ``swept`` the folders searched after each run for what such a kernel wrote; ``tree``
+    (kernels running as the checker's user) the folders whose changes are reported.
     """
 
     library: Library
@@ -75,6 +76,9 @@ class Isolation:
     accounts: Accounts | None = None
     #: Folders besides the world-writable ones where a kernel's leftovers are looked for.
     swept: tuple = field(default_factory=tuple)
+    #: Kernels running as the checker's user, unsandboxed: the folders whose changes are
+    #: reported after every run (the checkout, the submissions).
+    tree: TreeWatch | None = None
 
 
 class Stopped(Exception):
@@ -249,8 +253,11 @@ def run_nbval(nb, cell_timeout: float, isolation: Isolation, total_timeout=None,
                 return records, backstop
         raise ExerciseError("nbval could not run the notebook: " + " / ".join(tail))
     finally:
+        during = runs_since_last_look()
         if len(isolation.guard):
-            isolation.guard.verify(runs_since_last_look())
+            isolation.guard.verify(during)
+        if isolation.tree is not None:
+            isolation.guard.report(isolation.tree.look(during, isolation.guard.paths()))
 
 
 def _drain(stream, sink: bytearray, limit: int | None) -> None:

@@ -197,6 +197,11 @@ class FileGuard:
     def __len__(self) -> int:
         return len(self._files)
 
+    def paths(self) -> list[Path]:
+        """The files watched."""
+        with self._lock:
+            return list(self._files)
+
     def report(self, changes) -> None:
         """Add ``changes`` found by other means (what a kernel wrote elsewhere) to the report."""
         with self._lock:
@@ -236,6 +241,80 @@ class FileGuard:
         except OSError as exc:
             return Change(path, during, kept, error=str(exc))
         return Change(path, during, kept, restored=True)
+
+
+#: Folders a tree watch does not look into (caches, environments, version control).
+UNWATCHED = {".git", ".venv", "venv", "__pycache__", ".ipynb_checkpoints", ".pytest_cache",
+             ".ruff_cache", "node_modules", "build", "dist"}
+
+
+@dataclass(frozen=True)
+class TreeChange:
+    """A file of a watched tree that appeared, changed or went during the check."""
+
+    path: Path
+    what: str
+    during: tuple
+
+    def describe(self) -> str:
+        during = sorted(self.during)
+        who = (f"while {', '.join(during)} {'was' if len(during) == 1 else 'were'} being checked"
+               if during else "during the check")
+        return f"{self.path}: {self.what} {who}; left as it is (look at it)"
+
+
+class TreeWatch:
+    """The size and time stamp of every file under some folders (the course checkout, the
+    submissions), looked at again after every run: where learners' kernels run as the
+    checker's own user, what a submission wrote there is reported by path (files a
+    :class:`FileGuard` watches are restored by it, and left out here)."""
+
+    def __init__(self, folders, skip=()):
+        self.folders = [Path(f).resolve() for f in dict.fromkeys(folders) if Path(f).is_dir()]
+        self.skip = {Path(p).resolve() for p in skip}
+        self._lock = threading.Lock()
+        self._state = self._scan()
+
+    #: At most this many files per folder are watched (a home folder given by mistake).
+    LIMIT = 50_000
+
+    def _scan(self) -> dict:
+        state = {}
+        for folder in self.folders:
+            count = 0
+            for root, dirs, files in os.walk(folder):
+                count += len(files)
+                if count > self.LIMIT:
+                    break
+                dirs[:] = [d for d in dirs if d not in UNWATCHED]
+                for name in files:
+                    path = Path(root) / name
+                    if path.suffix == ".pyc" or CHANGED_SUFFIX in str(path):
+                        continue
+                    try:
+                        st = path.lstat()
+                    except OSError:
+                        continue
+                    state[path] = (st.st_size, st.st_mtime_ns)
+        return state
+
+    def look(self, during=(), skip=()) -> list[TreeChange]:
+        """What appeared, changed or went since the last look (less the ``skip`` files)."""
+        skip = {Path(p).resolve() for p in skip} | self.skip
+        with self._lock:
+            now = self._scan()
+            found = []
+            for path in sorted(set(now) | set(self._state)):
+                if path in skip:
+                    continue
+                if path not in self._state:
+                    found.append(TreeChange(path, "written", tuple(during)))
+                elif path not in now:
+                    found.append(TreeChange(path, "deleted", tuple(during)))
+                elif now[path] != self._state[path]:
+                    found.append(TreeChange(path, "changed", tuple(during)))
+            self._state = now
+            return found
 
 
 @dataclass(frozen=True)
