@@ -22,7 +22,7 @@ from .account import Accounts, Lockdown
 from .assignment import NOTEBOOK_KEY, Assignment
 from .bundle import build_bundle
 from .catalog import exercises
-from .generate import load_solutions
+from .generate import SANITIZE, load_solutions
 from .limits import Limits, find_enforcement
 from .merge import course_sources, merge_learner, normalised, reference_for
 from .notebooks import ID_RE, ExerciseError, course_root, info, lesson_of, nb_info, read_notebook
@@ -263,6 +263,8 @@ class Checker:
         solutions_dir = Path(solutions_dir) if solutions_dir is not None else root / "solutions"
         if sanitize is None and (root / "tests" / "nbval_sanitize.cfg").is_file():
             sanitize = root / "tests" / "nbval_sanitize.cfg"
+        elif sanitize is None and (solutions_dir / SANITIZE).is_file():
+            sanitize = solutions_dir / SANITIZE  # the references a wheel ships
         solutions = load_solutions(solutions_dir)
         watched = {p: p.read_bytes() for p, _ in solutions.values()}
         bwrap, why = find_sandbox(sandbox)

@@ -2,7 +2,9 @@
 
 ``mha_course/__main__.py`` and the ``mha-course`` script both call :func:`main`.
 
-- ``generate``: rebuild ``exercises/`` from ``solutions/`` (what ``make exercises`` runs).
+- ``generate``: rebuild ``exercises/`` from ``solutions/`` (what ``make exercises`` runs), and
+  the package's ``references/`` (the solutions without their answers: a learner with only the
+  wheel checks against them).
 - ``check``: the learner's verdict on a notebook (``make check EX=03``), or an instructor's
   table over a folder of submissions; with ``--assignment`` (``make grade``) a class graded
   against the assignment: the gradebook CSV, feedback files, checks run in the grader.
@@ -52,7 +54,7 @@ from .export import choose
 from .export_gradescope import export_gradescope
 from .export_nbgrader import export_nbgrader
 from .feedback import write_feedback
-from .generate import find_stale, generate
+from .generate import REFERENCES, find_stale, generate, stale_references, write_references
 from .grade import check_class
 from .gradebook import gradebook_csv, gradebook_table, write_text
 from .intake import read_roster
@@ -203,14 +205,24 @@ def _count_or_none(text: str) -> int | None:
 
 
 def _solutions(arg: Path | None) -> Path:
-    return arg if arg is not None else course_root() / "solutions"
+    """``--solutions``, else the checkout's ``solutions/``, else (a learner with only the
+    wheel) the references the package ships (the solutions without their answers)."""
+    if arg is not None:
+        return arg
+    folder = course_root() / "solutions"
+    if folder.is_dir() or not any(REFERENCES.glob("[0-9][0-9]_*.ipynb")):
+        return folder
+    return REFERENCES
 
 
 def _generate(args) -> int:
     solutions = _solutions(args.solutions)
     out = args.out if args.out is not None else course_root() / "exercises"
+    own = args.solutions is None and args.out is None  # the course's: its references too
     if args.verify:
         stale = find_stale(solutions, out)
+        if own and solutions != REFERENCES:
+            stale += stale_references(solutions, sanitize=_sanitize())
         for line in stale:
             print(f"stale: {line}")
         if stale:
@@ -218,9 +230,16 @@ def _generate(args) -> int:
             return 1
         print(f"{out}: up to date with {solutions}")
         return 0
-    for path, changed in generate(solutions, out, force=args.force):
+    written = generate(solutions, out, force=args.force)
+    if own and solutions != REFERENCES:
+        written += write_references(solutions, sanitize=_sanitize())
+    for path, changed in written:
         print(f"{'wrote' if changed else 'unchanged'} {path}")
     return 0
+
+
+def _sanitize() -> Path:
+    return course_root() / "tests" / "nbval_sanitize.cfg"
 
 
 def lesson_notebook(value: str, root: Path | None = None) -> Path:

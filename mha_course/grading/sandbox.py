@@ -77,7 +77,8 @@ class Library:
         with tempfile.TemporaryDirectory(prefix="mha-course-pyc-") as tmp:
             for path in sorted(package_dir.rglob("*")):
                 rel = path.relative_to(package_dir.parent)
-                if not path.is_file() or "__pycache__" in rel.parts or path.suffix == ".pyc":
+                if (not path.is_file() or "__pycache__" in rel.parts or path.suffix == ".pyc"
+                        or rel.parts[1:3] == ("grading", "references")):  # the checker's alone
                     continue
                 files[rel.as_posix()] = path.read_bytes()
                 if path.suffix != ".py":
