@@ -11,7 +11,9 @@ container; the layout and results format are Gradescope's "Autograder Specificat
   ``run_autograder`` (run for every submission: :func:`run_autograder` checks the submitted
   notebook against the assignment with the course's checker, in grading mode, and writes
   ``/autograder/results/results.json``), ``wheels/`` (the course), ``solutions/`` (the
-  reference notebooks of the lessons used), ``assignment.json``, ``autograder.json`` (the cell
+  reference notebooks of the lessons used; like ``assignment.json``, mode 0600 in the zip, and
+  made unreadable to the student's kernel for each run: see :func:`run_autograder`),
+  ``assignment.json``, ``autograder.json`` (the cell
   timeout), ``nbval_sanitize.cfg`` and the starter notebook;
 - beside the zip, the students' starter notebook ``NAME.ipynb`` (what ``assign`` writes).
 
@@ -137,7 +139,9 @@ def export_gradescope(assignment: Assignment, out: Path, solutions=None, name: s
             for file_name, data in files.items():
                 entry = zipfile.ZipInfo(file_name, date_time=(1980, 1, 1, 0, 0, 0))
                 executable = file_name in ("setup.sh", "run_autograder")
-                entry.external_attr = ((0o755 if executable else 0o644) | stat.S_IFREG) << 16
+                private = file_name.startswith("solutions/") or file_name == "assignment.json"
+                mode = 0o755 if executable else 0o600 if private else 0o644  # the grader's only
+                entry.external_attr = (mode | stat.S_IFREG) << 16
                 entry.compress_type = zipfile.ZIP_DEFLATED
                 archive.writestr(entry, data)
     starter.write_text(starter_text, encoding="utf-8", newline="\n")
@@ -189,7 +193,13 @@ def results_for(row, assignment: Assignment, catalog: dict, roots, seconds: floa
 
 
 def run_autograder(root: str | Path) -> dict:
-    """Grade ``root/submission`` against ``root/source``; write and return ``results.json``."""
+    """Grade ``root/submission`` against ``root/source``; write and return ``results.json``.
+
+    In the sandbox the kernel cannot see ``root``; without it (Gradescope runs this as root)
+    each kernel runs as an unprivileged user of its own, and ``source/`` (the solutions, the
+    assignment), the submission and the results are unreadable to it for the run
+    (:mod:`mha_course.grading.account`); the log says which held.
+    """
     start = time.monotonic()
     root = Path(root)
     source, submission = root / "source", root / "submission"
