@@ -33,7 +33,7 @@ from .sandbox import (
     FileGuard,
     Library,
     TreeWatch,
-    find_sandbox,
+    choose_sandbox,
     python_paths,
 )
 from .verdicts import NotebookResult, Verdict, judge_run
@@ -267,7 +267,7 @@ class Checker:
             sanitize = solutions_dir / SANITIZE  # the references a wheel ships
         solutions = load_solutions(solutions_dir)
         watched = {p: p.read_bytes() for p, _ in solutions.values()}
-        bwrap, why = find_sandbox(sandbox)
+        bwrap, why = choose_sandbox(sandbox)
         private = {Path(p): data for p, data in dict(private).items()}
         accounts, lockdown = None, None
         if bwrap is None:

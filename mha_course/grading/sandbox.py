@@ -355,6 +355,13 @@ def _base_args(bwrap: str) -> list[str]:
     return args
 
 
+def choose_sandbox(enabled: bool = True) -> tuple[str | None, str]:
+    """:func:`find_sandbox`, unless :data:`SANDBOX_ENV` is ``off`` (read at every call)."""
+    if enabled and os.environ.get(SANDBOX_ENV, "").strip().lower() == "off":
+        return None, f"{SANDBOX_ENV}=off was set"
+    return find_sandbox(enabled)
+
+
 @functools.lru_cache(maxsize=4)
 def find_sandbox(enabled: bool = True) -> tuple[str | None, str]:
     """``(bwrap path, "")`` when each run can be sandboxed, else ``(None, why not)``.
@@ -365,8 +372,6 @@ def find_sandbox(enabled: bool = True) -> tuple[str | None, str]:
     """
     if not enabled:
         return None, "--no-sandbox was given"
-    if os.environ.get(SANDBOX_ENV, "").strip().lower() == "off":
-        return None, f"{SANDBOX_ENV}=off was set"
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         return None, ("bwrap (bubblewrap) is not installed; on Debian or Ubuntu: "
