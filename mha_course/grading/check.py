@@ -29,6 +29,8 @@ from .notebooks import ID_RE, ExerciseError, course_root, info, lesson_of, nb_in
 from .run import DEFAULT_TIMEOUT, Isolation, run_nbval
 from .sandbox import (
     CHANGED_SUFFIX,
+    OWN_USER,
+    UNSANDBOXED,
     Change,
     FileGuard,
     Library,
@@ -200,6 +202,14 @@ def tampering(learner, ref, assignment: Assignment) -> list[str]:
     return notes
 
 
+def _bytes_of(path: Path) -> bytes | None:
+    """A private file's bytes (None: a folder, or unreadable)."""
+    try:
+        return path.read_bytes() if path.is_file() else None
+    except OSError:
+        return None
+
+
 @functools.lru_cache(maxsize=2)
 def package_snapshot(package_dir: str) -> Library:
     """One snapshot of the package per process (it lives in memory, never re-read)."""
@@ -252,11 +262,10 @@ class Checker:
 
         Without the sandbox, as root, each kernel runs as an unprivileged user of its own
         (:mod:`mha_course.grading.account`): the solutions, the ``hidden`` folders and the
-        ``private`` paths (``{path: bytes read before, or None}``: the assignment and probes
-        files; a folder with None) are made unreadable to it until :meth:`close`. The private
-        files are watched like the solutions: a change is restored and reported, and never used
-        (their bytes were read before any learner code ran). Not root, the kernel runs as you,
-        and only the watching holds.
+        ``private`` paths (the assignment, probes and roster files; folders) are made unreadable
+        to it until :meth:`close`. The private files are read now, before any learner code
+        runs, and watched like the solutions: a change is restored and reported, and never used.
+        Not root, the kernel runs as you, and only the watching holds.
         """
         root = course_root()
         submissions = tuple(hidden)
@@ -268,7 +277,7 @@ class Checker:
         solutions = load_solutions(solutions_dir)
         watched = {p: p.read_bytes() for p, _ in solutions.values()}
         bwrap, why = choose_sandbox(sandbox)
-        private = {Path(p): data for p, data in dict(private).items()}
+        private = {Path(p): _bytes_of(Path(p)) for p in private}
         accounts, lockdown = None, None
         if bwrap is None:
             accounts, _ = Accounts.find()
@@ -309,6 +318,20 @@ class Checker:
                               tree)
         return cls(solutions, solutions_dir, isolation, timeout, why, watched, assignment,
                    probes, lockdown)
+
+    def notes(self) -> list[str]:
+        """What the command says first: how learners' code runs here, what is not enforced."""
+        if self.unsandboxed and not self.own_users:
+            return [UNSANDBOXED.format(reason=self.unsandboxed)]
+        first = [OWN_USER.format(reason=self.unsandboxed)] if self.unsandboxed else []
+        locked = self.lockdown.notes if self.lockdown is not None else []
+        return [*first, *locked, *self.isolation.enforcement.missing]
+
+    def __enter__(self) -> Checker:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     @property
     def own_users(self) -> bool:

@@ -54,7 +54,7 @@ from .export import choose
 from .export_gradescope import export_gradescope
 from .export_nbgrader import export_nbgrader
 from .feedback import write_feedback
-from .generate import REFERENCES, find_stale, generate, stale_references, write_references
+from .generate import REFERENCES, default_solutions, find_stale, generate
 from .grade import check_class
 from .gradebook import gradebook_csv, gradebook_table, write_text
 from .intake import read_roster
@@ -71,7 +71,6 @@ from .notebooks import (
 from .outputs import backup, free_name, plan_outputs
 from .report import combine, csv_text, format_result, summary_table
 from .run import DEFAULT_TIMEOUT, stop_on_signals
-from .sandbox import OWN_USER, UNSANDBOXED
 from .tidy import problems, tidy
 
 
@@ -205,24 +204,16 @@ def _count_or_none(text: str) -> int | None:
 
 
 def _solutions(arg: Path | None) -> Path:
-    """``--solutions``, else the checkout's ``solutions/``, else (a learner with only the
-    wheel) the references the package ships (the solutions without their answers)."""
-    if arg is not None:
-        return arg
-    folder = course_root() / "solutions"
-    if folder.is_dir() or not any(REFERENCES.glob("[0-9][0-9]_*.ipynb")):
-        return folder
-    return REFERENCES
+    return arg if arg is not None else default_solutions(course_root())
 
 
 def _generate(args) -> int:
     solutions = _solutions(args.solutions)
     out = args.out if args.out is not None else course_root() / "exercises"
-    own = args.solutions is None and args.out is None  # the course's: its references too
+    own = args.solutions is None and args.out is None and solutions != REFERENCES
+    refs = {"references": REFERENCES, "sanitize": course_root() / "tests" / "nbval_sanitize.cfg"}
     if args.verify:
-        stale = find_stale(solutions, out)
-        if own and solutions != REFERENCES:
-            stale += stale_references(solutions, sanitize=_sanitize())
+        stale = find_stale(solutions, out, **(refs if own else {}))
         for line in stale:
             print(f"stale: {line}")
         if stale:
@@ -230,16 +221,9 @@ def _generate(args) -> int:
             return 1
         print(f"{out}: up to date with {solutions}")
         return 0
-    written = generate(solutions, out, force=args.force)
-    if own and solutions != REFERENCES:
-        written += write_references(solutions, sanitize=_sanitize())
-    for path, changed in written:
+    for path, changed in generate(solutions, out, force=args.force, **(refs if own else {})):
         print(f"{'wrote' if changed else 'unchanged'} {path}")
     return 0
-
-
-def _sanitize() -> Path:
-    return course_root() / "tests" / "nbval_sanitize.cfg"
 
 
 def lesson_notebook(value: str, root: Path | None = None) -> Path:
@@ -330,34 +314,19 @@ def _check(args) -> int:
     keep = keep_folder(outputs.csv) if outputs.csv is not None and folder_mode else None
     hidden = [p if p.is_dir() else p.parent for p in paths]
     limits = Limits(args.memory, args.processes, args.disk)
-    private = {}  # the instructor's files, read now: watched, and private to the kernels
-    for path in (args.assignment, args.probes, args.roster):
-        if path is not None:
-            try:
-                private[path] = path.read_bytes()
-            except OSError:
-                continue
+    private = [p for p in (args.assignment, args.probes, args.roster) if p is not None]
     with stop_on_signals():
         checker = Checker.create(_solutions(args.solutions), args.timeout,
                                  sandbox=not args.no_sandbox, hidden=hidden, assignment=assignment,
                                  probes=probes, limits=limits, keep=keep, private=private)
-        try:
-            if checker.unsandboxed:
-                note = OWN_USER if checker.own_users else UNSANDBOXED
-                print("note: " + note.format(reason=checker.unsandboxed), file=sys.stderr,
-                      flush=True)
-                for line in checker.lockdown.notes if checker.lockdown else ():
-                    print(f"note: {line}", file=sys.stderr, flush=True)
-            if not checker.unsandboxed or checker.own_users:
-                for missing in checker.isolation.enforcement.missing:
-                    print(f"note: {missing}", file=sys.stderr, flush=True)
+        with checker:  # the files made private to the kernels get their permissions back
+            for note in checker.notes():
+                print(f"note: {note}", file=sys.stderr, flush=True)
             if folder_mode:
                 code = _check_folder(args, paths, checker, outputs, roster, deadline)
             else:
                 code = _check_files(args, paths, checker, outputs.csv)
             changed = checker.changed()
-        finally:
-            checker.close()
     if changed:  # by an editor's autosave, or by a submission's code without a sandbox
         print("warning: these files changed on disk during the check (every verdict above used "
               "the copies taken at the start):\n" + "\n".join(f"  {c}" for c in changed),

@@ -203,8 +203,7 @@ def run_autograder(root: str | Path) -> dict:
     start = time.monotonic()
     root = Path(root)
     source, submission = root / "source", root / "submission"
-    private = {source / "assignment.json": (source / "assignment.json").read_bytes(),
-               source: None, submission: None, root / "results": None}
+    private = [source / "assignment.json", source, submission, root / "results"]
     assignment = load_assignment(source / "assignment.json")
     settings = json.loads((source / "autograder.json").read_text(encoding="utf-8"))
     timeout = float(settings.get("timeout", DEFAULT_TIMEOUT))
@@ -220,7 +219,7 @@ def run_autograder(root: str | Path) -> dict:
     notebooks = submitted_notebooks(submission)
     checker.watch(notebooks)
     results = []
-    try:
+    with checker:  # the private folders get their permissions back
         for path in notebooks:
             try:
                 result = checker.check(path)
@@ -232,8 +231,6 @@ def run_autograder(root: str | Path) -> dict:
                                                for v in result.verdicts), flush=True)
         for line in checker.changed():
             print(f"warning: changed or written during the check: {line}", flush=True)
-    finally:
-        checker.close()
     row = grade_row(_student(root), "", results, assignment)
     if not notebooks:  # say why once, and what to do: not also grade_row's generic note
         why = (f"no notebook (.ipynb) in the submission: upload your "

@@ -26,6 +26,7 @@ from .notebooks import (
     LESSON_RE,
     ROLES,
     ExerciseError,
+    defined_names,
     id_key,
     info,
     lesson_of,
@@ -168,8 +169,6 @@ def redact_source(source: str, exercise: str, task: str) -> str:
     answer = ...
     ### END SOLUTION
     """
-    from .catalog import defined_names  # the catalog reads the solutions through this module
-
     stubbed = stub_source(source, exercise, task)  # validates the markers
     lines = source.split("\n")
     b = next(i for i, line in enumerate(lines) if line.strip() == BEGIN)
@@ -281,13 +280,16 @@ def learner_work(path: Path) -> str:
 
 
 def generate(
-    solutions_dir: str | Path, out_dir: str | Path, force: bool = False
+    solutions_dir: str | Path, out_dir: str | Path, force: bool = False,
+    references: Path | None = None, sanitize: Path | None = None,
 ) -> list[tuple[Path, bool]]:
     """Write one exercise notebook per solution notebook into ``out_dir``.
 
     Every solution notebook is validated before anything is written, so a bad one writes
     nothing. Files whose bytes would not change are left alone; a file holding a learner's work
-    (see :func:`learner_work`) is only overwritten with ``force``. Returns ``(path, changed)``.
+    (see :func:`learner_work`) is only overwritten with ``force``. With ``references`` (the
+    course's own, :data:`REFERENCES`), :func:`write_references` writes them too, with the
+    ``sanitize`` file. Returns ``(path, changed)``.
     """
     rendered = render_exercises(solutions_dir)
     if not rendered:
@@ -310,11 +312,24 @@ def generate(
         if changed:
             target.write_bytes(data)
         written.append((target, changed))
+    if references is not None:
+        written += write_references(solutions_dir, references, sanitize)
     return written
 
 
-def find_stale(solutions_dir: str | Path, exercises_dir: str | Path) -> list[str]:
-    """Return the exercise files that differ from what ``generate`` would write (empty: fresh)."""
+def default_solutions(root: Path) -> Path:
+    """The solutions a command uses by default: the checkout's ``solutions/``, else (a learner
+    with only the wheel) the references the package ships (the solutions without answers)."""
+    folder = Path(root) / "solutions"
+    if folder.is_dir() or not any(REFERENCES.glob("[0-9][0-9]_*.ipynb")):
+        return folder
+    return REFERENCES
+
+
+def find_stale(solutions_dir: str | Path, exercises_dir: str | Path,
+               references: Path | None = None, sanitize: Path | None = None) -> list[str]:
+    """Return the exercise files that differ from what ``generate`` would write (empty: fresh);
+    with ``references``, the reference files too (:func:`stale_references`)."""
     rendered = render_exercises(solutions_dir)
     exercises_dir = Path(exercises_dir)
     stale = []
@@ -328,6 +343,8 @@ def find_stale(solutions_dir: str | Path, exercises_dir: str | Path) -> list[str
         for extra in sorted(exercises_dir.glob("*.ipynb")):
             if extra.name not in rendered:
                 stale.append(f"{extra} has no solution notebook")
+    if references is not None:
+        stale += stale_references(solutions_dir, references, sanitize)
     return stale
 
 
