@@ -27,7 +27,8 @@ import numpy as np
 
 from mha_course.models.tasks import VOCAB, make_batch
 from mha_course.models.tiny_model import TinyTransformer
-from mha_course.widgets.head_viewer import HeadViewPainter, draw_head_view, figure_png
+from mha_course.widgets.head_viewer import WIDGET_DPI, HeadViewPainter, draw_head_view
+from mha_course.widgets.plotting import figure_png
 
 TARGET_S = 0.3
 REPEATS = 7
@@ -55,7 +56,8 @@ def main() -> None:
     for h in (2, 4):
         model = TinyTransformer(len(VOCAB), 23, d_model=32, h=h, n_layers=2, rng=0)
         weights = [w[b, :, :n, :n] for w in model.attention_weights(batch.tokens)]
-        figure_png(draw_head_view(weights, labels)[0])  # warm the font cache and the renderer
+        # warm the font cache and the renderer
+        figure_png(draw_head_view(weights, labels)[0], WIDGET_DPI)
         painter = HeadViewPainter()
         for name, token in (("every token", None), ("one token", n // 2)):
             lines = draw_head_view(weights, labels, token=token)[1]["lines"]
@@ -65,7 +67,7 @@ def main() -> None:
                 "widget, new frame": lambda weights=weights, token=token: HeadViewPainter().png(
                     weights, labels, token=token),
                 "fresh figure": lambda weights=weights, token=token: figure_png(
-                    draw_head_view(weights, labels, token=token)[0]),
+                    draw_head_view(weights, labels, token=token)[0], WIDGET_DPI),
             }
             for case, fn in cases.items():
                 best, median, cpu = timed(fn)

@@ -23,6 +23,7 @@ lesson 09's GPT).
   connection and a LayerNorm, in one of two placements: ``"post"``, ``LN(x + f(x))`` (Vaswani
   et al. 2017), or ``"pre"``, ``x + f(LN(x))`` (GPT-2 onward; such a stack ends with one more
   LayerNorm).
+- :class:`PreNormBlock`, the decoder block of lessons 09 to 12 and of serving, is made of them.
 """
 
 from __future__ import annotations
@@ -435,3 +436,65 @@ def swiglu_backward(grad_out, x, W_gate, W_up, W_down) -> dict[str, np.ndarray]:
         "W_up": xf.T @ db.reshape(-1, d_ff),
         "W_down": hf.T @ grad_out.reshape(-1, d_model),
     }
+
+
+class PreNormBlock:
+    r"""A pre-norm decoder block (Llama's): ``x + attn(rms_norm(x))``, ``x + swiglu(rms_norm(x))``.
+
+    Lesson 09's GPT (``GPT.blocks``), lesson 12's variants (through the GPT's attention hook)
+    and the serving decoder (``Decoder.blocks``) all run it. Its attention half takes a hook, a
+    function of the normalised input (..., T, d_model) returning the attention's output: by
+    default the layer's forward under ``mask``; :meth:`step` passes the layer's cached step.
+
+    ``attn`` a MultiHeadAttention; ``attn_norm``, ``mlp_norm`` (d_model,) the RMSNorm weights;
+    ``W_gate``, ``W_up`` (d_model, d_ff) and ``W_down`` (d_ff, d_model) the SwiGLU's; ``eps``
+    RMSNorm's epsilon. The block keeps the arrays themselves (an optimiser updates them in place).
+
+    Examples
+    --------
+    >>> from mha_course import MultiHeadAttention, causal_mask
+    >>> rng = np.random.default_rng(0)
+    >>> block = PreNormBlock(MultiHeadAttention(8, 2, rope="half", rng=0), np.ones(8),
+    ...                      np.ones(8), rng.normal(size=(8, 16)), rng.normal(size=(8, 16)),
+    ...                      rng.normal(size=(16, 8)))
+    >>> x = rng.normal(size=(5, 8))
+    >>> full = block(x, mask=causal_mask(5))
+    >>> cache = block.attn.init_cache()
+    >>> steps = np.concatenate([block.step(x[:3], cache), block.step(x[3:], cache)])
+    >>> full.shape, bool(np.allclose(full, steps))
+    ((5, 8), True)
+    """
+
+    def __init__(self, attn, attn_norm, mlp_norm, W_gate, W_up, W_down, eps: float = 1e-5):
+        self.attn, self.eps = attn, float(eps)
+        self.attn_norm, self.mlp_norm = np.asarray(attn_norm), np.asarray(mlp_norm)
+        self.W_gate, self.W_up, self.W_down = (np.asarray(W) for W in (W_gate, W_up, W_down))
+
+    def with_attention(self, x, attention=None, mask=None) -> np.ndarray:
+        """``x + attention(rms_norm(x, attn_norm))``, (..., T, d_model) -> (..., T, d_model);
+        ``attention`` defaults to the layer's forward under ``mask``."""
+        a = rms_norm(x, self.attn_norm, self.eps)
+        return x + (self.attn(a, mask=mask)[0] if attention is None else attention(a))
+
+    def with_mlp(self, x) -> np.ndarray:
+        """``x + swiglu(rms_norm(x, mlp_norm))``: (..., T, d_model) -> (..., T, d_model)."""
+        return x + swiglu(rms_norm(x, self.mlp_norm, self.eps), self.W_gate, self.W_up,
+                          self.W_down)
+
+    def __call__(self, x, mask=None, *, attention=None) -> np.ndarray:
+        """The whole block on ``x`` (..., T, d_model): attention half, then the MLP half."""
+        return self.with_mlp(self.with_attention(x, attention, mask))
+
+    def step(self, x, cache) -> np.ndarray:
+        """The block on a chunk of new positions over its layer's KV cache (trusted input)."""
+        return self(x, attention=lambda a: self.attn._step(a, cache)[0])
+
+    def parameters(self) -> dict[str, np.ndarray]:
+        """Every array by name, in lesson 09's order: ``attn_norm``, the attention's
+        (``W_q`` .. ``W_o``, biases if any), ``mlp_norm``, ``W_gate``, ``W_up``, ``W_down``."""
+        return {"attn_norm": self.attn_norm, **self.attn.parameters(),
+                "mlp_norm": self.mlp_norm, "W_gate": self.W_gate, "W_up": self.W_up,
+                "W_down": self.W_down}
+
+    def __repr__(self) -> str:
+        return f"PreNormBlock({self.attn!r}, d_ff={self.W_up.shape[-1]}, eps={self.eps:g})"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._validate import as_float_array, fail, fmt_shape, validate_positive_int, validate_shape
+from .attention import scaled_dot_product_attention
 
 
 def split_heads(x, h: int) -> np.ndarray:
@@ -120,6 +121,47 @@ def kv_for_groups(x: np.ndarray) -> np.ndarray:
     A view; see :func:`group_heads`.
     """
     return x[..., None, :, :]
+
+
+def sdpa_operands(q, k, v, mask=None):
+    """``(q, k, v, mask)`` ready for one :func:`~mha_course.scaled_dot_product_attention` call.
+
+    With ``g = h`` K/V heads (lesson 04's layer) the heads as they are, 4-D, and the mask
+    (..., T, S) as (..., 1, T, S); with ``g < h`` (GQA, lesson 06) the query heads grouped,
+    (..., g, h/g, T, d_k) against (..., g, 1, S, d), and the mask as (..., 1, 1, T, S). After the
+    call, :func:`ungroup_heads` the grouped results.
+
+    Examples
+    --------
+    >>> q, k = np.zeros((4, 3, 2)), np.zeros((2, 5, 2))
+    >>> [a.shape for a in sdpa_operands(q, k, k)[:2]], sdpa_operands(q, q, q)[0].shape
+    ([(2, 2, 3, 2), (2, 1, 5, 2)], (4, 3, 2))
+    """
+    g = k.shape[-3]
+    if g == q.shape[-3]:  # no grouping: every query head has its own K/V head
+        return q, k, v, None if mask is None else np.asarray(mask)[..., None, :, :]
+    m = None if mask is None else np.asarray(mask)[..., None, None, :, :]
+    return group_heads(q, g), kv_for_groups(k), kv_for_groups(v), m
+
+
+def attend_heads(q, k, v, mask=None, scale=None):
+    """Attention of ``h`` query heads over ``g`` K/V heads: the layer's cached step and the
+    serving wing's caches attend through it, as ``MultiHeadAttention.forward`` does.
+
+    q (..., h, T, d_k), k (..., g, S, d_k), v (..., g, S, d_v) (query head ``i`` reads K/V head
+    ``i // (h/g)``), mask broadcastable to (..., T, S) or None, scale None for ``1/√d_k`` ->
+    heads (..., h, T, d_v), weights (..., h, T, S). Trusts its input.
+
+    Examples
+    --------
+    >>> q, k = np.ones((4, 3, 2)), np.ones((2, 5, 2))
+    >>> [a.shape for a in attend_heads(q, k, k)]
+    [(4, 3, 2), (4, 3, 5)]
+    """
+    heads, weights = scaled_dot_product_attention(*sdpa_operands(q, k, v, mask), scale=scale)
+    if k.shape[-3] < q.shape[-3]:  # grouped: (..., g, h/g, T, .) -> (..., h, T, .)
+        heads, weights = ungroup_heads(heads), ungroup_heads(weights)
+    return heads, weights
 
 
 def head_dims(func: str, d_model, h, d_k, d_v) -> tuple[int, int, int, int]:

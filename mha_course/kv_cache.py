@@ -1,8 +1,9 @@
 """The KV cache's storage: the keys and values a layer has seen, and how the buffers grow.
 
 Taught in ``notebooks/06_decoding.ipynb``. The decoding step itself is
-``MultiHeadAttention.decode_step`` (:mod:`mha_course.multihead`), built from the same pieces as
-the layer's forward pass; this module only stores.
+``MultiHeadAttention.step`` (:mod:`mha_course.multihead`; ``decode_step`` is its one-token case),
+built from the same pieces as the layer's forward pass; this module only stores. The serving
+wing's :class:`~mha_course.serving.decoder.ContiguousCache` is one of these per layer.
 
 A decoder generates token ``t`` from tokens ``0..t``. Under a causal mask the keys and values
 of tokens ``0..t-1`` do not change when token ``t`` arrives, so a layer can keep them (projected,
@@ -320,6 +321,54 @@ class KVCache:
             self._v[..., self._len : needed, :] = v
             self._len = needed
         self.tokens_seen += n
+
+    @staticmethod
+    def check_step(func: str, layer, x, cache, one: bool = False) -> np.ndarray:
+        """``x`` (..., T, d_model) as a float array for ``layer``'s cached step over ``cache``
+        (``one``: exactly one position, as ``decode_step`` takes), or a ``ValueError`` naming
+        ``func``. The cache is not touched when it fails.
+        """
+        if not isinstance(cache, KVCache):
+            raise fail(func, f"cache is a {type(cache).__name__}; expected a KVCache from this "
+                             "layer's init_cache()")
+        if cache.layer is not layer:
+            raise fail(func, f"cache was made by another layer ({cache.layer!r}); each layer "
+                             "needs its own cache: make one with this layer's init_cache()")
+        name, T = ("x_t", "1") if one else ("x", "T")
+        x = as_float_array(func, name, x)
+        d_model = layer.d_model
+        validate_shape(func, name, x, (T, "d_model"), {"d_model": (d_model, "the layer")})
+        batch = x.shape[:-2]
+        if (one and x.shape[-2] != 1) or batch != cache.batch_shape:
+            also = "" if batch == cache.batch_shape else (
+                f"... = {fmt_shape(cache.batch_shape)} (from the cache), ")
+            raise fail(func, f"{name} has shape {fmt_shape(x.shape)}; expected (..., {T}, "
+                             f"d_model) with {also}d_model={d_model} (from the layer)")
+        if cache.window is not None and x.shape[-2] > 1:
+            raise fail(func, f"the cache has a rolling window={cache.window}; it takes one "
+                             f"token at a time, and x has T={x.shape[-2]}")
+        cache.require_room(x.shape[-2], func)  # before anything is computed or stored
+        return x
+
+    def truncate(self, length: int, func: str = "KVCache.truncate") -> None:
+        """Keep the first ``length`` positions (``0 <= length <= len(cache)``), as speculative
+        decoding rolls rejected drafts back; not for a rolling buffer.
+
+        Examples
+        --------
+        >>> from mha_course import MultiHeadAttention
+        >>> cache = MultiHeadAttention(8, 2, rng=0).init_cache()
+        >>> cache.append(np.zeros((2, 3, 4)), np.zeros((2, 3, 4)))
+        >>> cache.truncate(1); len(cache), cache.tokens_seen
+        (1, 1)
+        """
+        if self.window is not None:
+            raise fail(func, f"the cache has a rolling window={self.window}; its dropped "
+                             "positions cannot be rolled back to")
+        if not 0 <= length <= self._len:
+            raise fail(func, f"length={length} must be between 0 and the {self._len} "
+                             "positions stored")
+        self._len = self.tokens_seen = int(length)
 
     def __repr__(self) -> str:
         window = "" if self.window is None else f", window={self.window}"

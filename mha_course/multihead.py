@@ -6,8 +6,9 @@ Taught in ``notebooks/04_multi_head_attention.ipynb``; its options in later less
 
 ``forward`` is exactly lesson 04's recipe: project -> :func:`~mha_course.split_heads` ->
 (RoPE) -> :func:`~mha_course.scaled_dot_product_attention` -> :func:`~mha_course.merge_heads`
--> ``W_o``. :meth:`MultiHeadAttention.decode_step` uses the same pieces on one new token and a
-:class:`~mha_course.KVCache`. A forward ordered for speed and memory lives beside it, in
+-> ``W_o``. :meth:`MultiHeadAttention.step` uses the same pieces on a chunk of new tokens over a
+:class:`~mha_course.KVCache` (prefill, decode, verify; :meth:`~MultiHeadAttention.decode_step`
+is its one-token case). A forward ordered for speed and memory lives beside it, in
 :mod:`mha_course.lean`, tested equal to this one.
 
 Layout: the fused projection ``W_q`` of shape (d_model, h*d_k) holds head ``i`` in columns
@@ -21,16 +22,16 @@ from __future__ import annotations
 import numpy as np
 
 from ._validate import as_float_array, fail, fmt_shape, validate_mask, validate_shape
-from .attention import scaled_dot_product_attention, validate_scale
+from .attention import causal_mask, scaled_dot_product_attention, validate_scale
 from .backward import SavedActivations, backward
 from .heads import (
+    attend_heads,
     fuse_per_head,
-    group_heads,
     head_dims,
-    kv_for_groups,
     kv_head_count,
     merge_heads,
     project,
+    sdpa_operands,
     split_heads,
     ungroup_heads,
 )
@@ -177,16 +178,9 @@ class MultiHeadAttention:
         **options
             ``rope``, ``rope_base`` and ``scale``, as for the constructor.
 
-        Returns
-        -------
-        MultiHeadAttention
-            Whose fused ``W_q`` is ``concatenate(W_q, axis=1)`` (and likewise for K and V).
-
-        Raises
-        ------
-        ValueError
-            If the per-head matrices disagree in shape or with ``W_o``, or the number of K/V
-            heads does not divide the number of query heads.
+        Returns the layer whose fused ``W_q`` is ``concatenate(W_q, axis=1)`` (likewise K and V).
+        Raises a ``ValueError`` if the per-head matrices disagree in shape or with ``W_o``, or
+        the number of K/V heads does not divide the number of query heads.
 
         Examples
         --------
@@ -205,12 +199,8 @@ class MultiHeadAttention:
     def per_head(self) -> dict[str, np.ndarray]:
         """The projections in the article's per-head layout.
 
-        Returns
-        -------
-        dict
-            ``"W_q"``: (h, d_model, d_k); ``"W_k"``: (g, d_model, d_k); ``"W_v"``:
-            (g, d_model, d_v), with g = ``n_kv_heads`` (= h unless the layer uses GQA);
-            ``"W_o"``: (h, d_v, d_model), the rows of ``W_o`` that read head ``i``.
+        ``"W_q"``: (h, d_model, d_k); ``"W_k"``: (g, d_model, d_k); ``"W_v"``: (g, d_model,
+        d_v), g = ``n_kv_heads``; ``"W_o"``: (h, d_v, d_model), the rows of ``W_o`` reading head i.
 
         Examples
         --------
@@ -273,7 +263,7 @@ class MultiHeadAttention:
         return x, kv_input, m
 
     # ------------------------------------------------------------------------ the forward pass
-    def forward(self, x, context=None, mask=None, *, return_cache=False):
+    def forward(self, x, context=None, mask=None, *, head_mask=None, return_cache=False):
         """Attend from ``x`` to ``context`` (to ``x`` itself when ``context`` is None).
 
         Parameters
@@ -284,6 +274,9 @@ class MultiHeadAttention:
             The keys' and values' input, for cross-attention. Default: ``x``.
         mask : ndarray of bool, broadcastable to (..., T, S), optional
             ``True`` = may attend; applied to every head.
+        head_mask : array_like, shape (h,), optional
+            Multiplies each head's output before ``W_o`` (0 ablates the head; evaluation only,
+            not with ``return_cache``): lessons 09 to 12 read what a head does this way.
         return_cache : bool, default False
             Return ``(out, saved)`` instead, where ``saved`` holds the saved activations
             (:class:`~mha_course.backward.SavedActivations`) that :meth:`backward` needs; the
@@ -297,12 +290,10 @@ class MultiHeadAttention:
             Every head's attention weights (or the saved activations, with
             ``return_cache=True``).
 
-        Raises
-        ------
-        ValueError
-            On a wrong last axis, batch axes of ``x`` and ``context`` that do not broadcast, a
-            mask that does not broadcast to (..., T, S), non-float input, ``context`` given
-            to a layer with RoPE, or ``return_cache=True`` on a layer with a ``scale``.
+        Raises a ``ValueError`` on a wrong last axis, batch axes of ``x`` and ``context`` that
+        do not broadcast, a mask that does not broadcast to (..., T, S), non-float input,
+        ``context`` given to a layer with RoPE, a ``head_mask`` not of shape (h,), or
+        ``return_cache=True`` with a ``head_mask`` or on a layer with a ``scale``.
 
         Examples
         --------
@@ -317,29 +308,25 @@ class MultiHeadAttention:
                        f"scale={self.scale!r}: build it with scale=None to train it by hand")
         x, kv_input, mask = self.validate_inputs(x, context, mask)
         dtype = np.result_type(x, kv_input)
-        h, g = self.h, self.n_kv_heads
-        q = split_heads(project(x, self.W_q, self.b_q, dtype), h)  # (..., h, T, d_k)
-        k = split_heads(project(kv_input, self.W_k, self.b_k, dtype), g)  # (..., g, S, d_k)
-        v = split_heads(project(kv_input, self.W_v, self.b_v, dtype), g)  # (..., g, S, d_v)
-        if self.rope is not None:  # rotate queries and keys by their positions, never values
-            q = apply_rope(q, base=self.rope_base, layout=self.rope)  # (..., h, T, d_k)
-            k = apply_rope(k, base=self.rope_base, layout=self.rope)  # (..., g, S, d_k)
-        # GQA: the query heads in g groups, each against its one K/V head (broadcast views;
-        # with g = h, the standard layer, every group holds one head).
-        heads, weights = scaled_dot_product_attention(
-            group_heads(q, g),  # (..., g, h/g, T, d_k)
-            kv_for_groups(k),  # (..., g, 1, S, d_k)
-            kv_for_groups(v),  # (..., g, 1, S, d_v)
-            mask=mask,  # (..., 1, 1, T, S)
-            scale=self.scale,  # None: 1/√d_k
-        )  # -> (..., g, h/g, T, d_v), (..., g, h/g, T, S)
-        heads, weights = ungroup_heads(heads), ungroup_heads(weights)  # (..., h, T, d_v | S)
+        if head_mask is not None:
+            head_mask = self._validate_head_mask(head_mask, return_cache)
+        mask = None if mask is None else mask[..., 0, 0, :, :]  # (..., T, S)
+        q, k, v = self._heads(*self._project(x, kv_input, dtype))  # (..., h | g, T | S, d)
+        q, k = self._rope(q), self._rope(k)  # RoPE on queries and keys, never values
+        # GQA (lesson 06): h/g query heads per K/V head, (..., g, h/g, T, d) views; else 4-D
+        heads, weights = scaled_dot_product_attention(*sdpa_operands(q, k, v, mask),
+                                                      scale=self.scale)
+        if self.n_kv_heads < self.h:
+            heads, weights = ungroup_heads(heads), ungroup_heads(weights)  # (..., h, T, d_v | S)
+        if head_mask is not None:  # scale each head's output: (h,) -> (h, 1, 1)
+            heads = heads * head_mask[:, None, None]
         concat = merge_heads(heads)  # (..., h, T, d_v) -> (..., T, h*d_v)
-        out = project(concat, self.W_o, self.b_o, dtype)  # (..., T, h*d_v) -> (..., T, d_model)
+        out = self._output(concat, dtype)  # (..., T, h*d_v) -> (..., T, d_model)
         if return_cache:
             params = {name: p.astype(dtype, copy=False) for name, p in self.parameters().items()}
             saved_context = None if context is None else kv_input
-            return out, SavedActivations(self, x, saved_context, mask, q, k, v, weights,
+            saved_mask = None if mask is None else mask[..., None, :, :]  # (..., 1, T, S)
+            return out, SavedActivations(self, x, saved_context, saved_mask, q, k, v, weights,
                                          concat, params, dtype)
         return out, weights
 
@@ -347,30 +334,14 @@ class MultiHeadAttention:
 
     # ------------------------------------------------------------------ decoding with a cache
     def init_cache(self, batch_shape=(), max_len=None, *, dtype=None, window=None):
-        """An empty KV cache for decoding with this layer, one token at a time.
+        """An empty :class:`~mha_course.KVCache` for :meth:`step` / :meth:`decode_step`.
 
-        Parameters
-        ----------
-        batch_shape : tuple of int, default ()
-            The leading axes ``...`` of every ``x_t`` that :meth:`decode_step` will get.
-        max_len : int, optional
-            Most positions to hold, preallocated; None lets the cache grow (by doubling).
-        dtype : numpy dtype, optional
-            Dtype of the stored keys and values; default: that of the first ``x_t``.
-        window : int, optional
-            A rolling buffer of the last ``window`` positions: decoding then equals
-            ``forward(x, mask=sliding_window_mask(T, window))``, in memory that stays flat.
-
-        Returns
-        -------
-        KVCache
-            Empty; its buffers will have shape (..., n_kv_heads, capacity, d_k | d_v).
-
-        Raises
-        ------
-        ValueError
-            If ``batch_shape`` is not a tuple of non-negative integers, ``max_len`` or
-            ``window`` is not a positive integer, or ``dtype`` is not a floating dtype.
+        ``batch_shape``: the leading axes ``...`` of every input it will get; ``max_len``: most
+        positions, preallocated (None: grown by doubling); ``dtype``: of the stored keys and
+        values (default: the first input's); ``window``: a rolling buffer of the last
+        ``window`` positions (decoding then equals ``forward(x, mask=sliding_window_mask(T,
+        window))`` in flat memory). Buffers (..., n_kv_heads, capacity, d_k | d_v). Raises a
+        ``ValueError`` on a bad ``batch_shape``, ``max_len``, ``window`` or ``dtype``.
 
         Examples
         --------
@@ -380,37 +351,106 @@ class MultiHeadAttention:
         """
         return KVCache(self, batch_shape, max_len, dtype=dtype, window=window)
 
+    def _validate_head_mask(self, head_mask, return_cache) -> np.ndarray:
+        func, m = "MultiHeadAttention.forward", as_float_array("MultiHeadAttention.forward",
+                                                               "head_mask", head_mask)
+        if return_cache or m.shape != (self.h,):
+            raise fail(func, "head_mask is for evaluation; backward needs the unmasked forward"
+                       if return_cache else f"head_mask has shape {fmt_shape(m.shape)}; "
+                       f"expected (h,) = ({self.h},)")
+        return m
+
+    # --------------------------------------- the pieces forward and step are built from
+    def _project(self, x, kv_input, dtype):
+        """``x W_q + b_q``, ``kv_input W_k + b_k``, ``kv_input W_v + b_v`` in ``dtype``: shapes
+        (..., T, h*d_k), (..., S, g*d_k), (..., S, g*d_v). Rows are independent, so a server may
+        pass every sequence's tokens as one (N, d_model) matrix."""
+        return (project(x, self.W_q, self.b_q, dtype),
+                project(kv_input, self.W_k, self.b_k, dtype),
+                project(kv_input, self.W_v, self.b_v, dtype))
+
+    def _heads(self, q, k, v):
+        """Split the projections into heads: (..., h, T, d_k), (..., g, S, d_k | d_v)."""
+        g = self.n_kv_heads
+        return split_heads(q, self.h), split_heads(k, g), split_heads(v, g)
+
+    def _rope(self, x, positions=None):
+        """RoPE on queries or keys (..., n, T, d_k) at ``positions`` (T,) (default 0..T-1);
+        ``x`` itself when the layer has no RoPE."""
+        if self.rope is None:
+            return x
+        return apply_rope(x, positions, base=self.rope_base, layout=self.rope)
+
+    def _output(self, concat, dtype):
+        """``concat W_o + b_o``: (..., T, h*d_v) -> (..., T, d_model) in ``dtype``."""
+        return project(concat, self.W_o, self.b_o, dtype)
+
+    def _attend_cached(self, q, k, v, cache):
+        """The middle of :meth:`step`, trusted: unrotated q (..., h, T, d_k), k (..., g, T, d_k),
+        v (..., g, T, d_v) rotated at positions ``cache.tokens_seen + 0..T-1``, k and v appended,
+        attention over all L cached positions, bottom-right causal -> heads, weights."""
+        T = q.shape[-2]
+        positions = cache.tokens_seen + np.arange(T)
+        q, k = self._rope(q, positions), self._rope(k, positions)
+        cache.append(k, v)  # keys (..., g, L, d_k), values (..., g, L, d_v)
+        # chunk position t is cache position L - T + t; one new token sees every cached one
+        mask = causal_mask(T, len(cache)) if T > 1 else None
+        heads, weights = attend_heads(q, cache.keys, cache.values, mask, self.scale)
+        return heads, cache.oldest_first(weights)  # a rolling buffer's slots in position order
+
+    # ------------------------------------------------------------------ decoding with a cache
+    def step(self, x, cache):
+        """Attend from a chunk of ``T >= 1`` new positions over ``cache`` and themselves.
+
+        The one cached path: a prompt at once (prefill), one token (decode, :meth:`decode_step`),
+        or ``k`` drafted tokens that a target model verifies in one pass (speculative decoding).
+        Built from :meth:`forward`'s pieces: project (with the biases), split heads, RoPE at the
+        chunk's positions ``L0 .. L0 + T - 1`` (``L0 = cache.tokens_seen``), append the chunk's
+        keys and values to ``cache``, :func:`attend_heads` over all ``L = L0 + T`` cached
+        positions under the bottom-right :func:`~mha_course.causal_mask` (T, L) (chunk position
+        ``t`` sees the cache and the chunk up to itself), merge heads, ``W_o``. Stepping through
+        a sequence in chunks of any sizes gives the rows of ``forward(x, mask=causal_mask(T))``.
+
+        x (..., T, d_model), ``...`` the cache's ``batch_shape``; ``cache`` from this layer's
+        :meth:`init_cache`, updated in place (a rolling ``window`` takes ``T = 1``) -> out
+        (..., T, d_model), weights (..., h, T, L) over the ``L = len(cache)`` cached positions,
+        oldest first. Raises a ``ValueError`` (and leaves the cache unchanged) if ``x`` has the
+        wrong width or batch axes or is not float, or ``cache`` is not this layer's KVCache, has
+        no room for T more positions, or has a window and ``T > 1``.
+
+        Examples
+        --------
+        >>> from mha_course import causal_mask
+        >>> mha = MultiHeadAttention(8, 4, n_kv_heads=2, bias=True, rope="half", rng=0)
+        >>> x = np.random.default_rng(0).normal(size=(5, 8))
+        >>> cache = mha.init_cache()
+        >>> prefill, _ = mha.step(x[:3], cache)       # a prompt of 3
+        >>> decode, weights = mha.step(x[3:4], cache)  # then one token
+        >>> full, _ = mha(x, mask=causal_mask(5))
+        >>> bool(np.allclose(np.concatenate([prefill, decode]), full[:4])), weights.shape
+        (True, (4, 1, 4))
+        """
+        x = KVCache.check_step("MultiHeadAttention.step", self, x, cache)
+        return self._step(x, cache)
+
+    def _step(self, x, cache):
+        """:meth:`step` on trusted input."""
+        q, k, v = self._heads(*self._project(x, x, x.dtype))  # (..., h | g, T, d_k | d_v)
+        heads, weights = self._attend_cached(q, k, v, cache)  # (..., h, T, d_v | L)
+        # (..., h, T, d_v) -> (..., T, h*d_v) -> (..., T, d_model), in the cache's dtype if wider
+        return self._output(merge_heads(heads), heads.dtype), weights
+
     def decode_step(self, x_t, cache):
-        """Attend from one new position to itself and every earlier one, using ``cache``.
+        """:meth:`step` for one new position (``T = 1``), as lesson 06 decodes.
 
-        The forward pass's pieces on one token: project it, append its key and value (one per
-        K/V head) to ``cache``, attend its query over all ``L`` cached positions (no mask is
-        needed: every cached key is at or before the new token), merge the heads, ``W_o``.
-        Decoding T tokens one at a time gives the rows of ``forward(x, mask=causal_mask(T))``
-        (with a rolling ``window``: of ``sliding_window_mask(T, window)``), at
-        O(d_model² + L·d_model) per step. With RoPE the new token sits at position
-        ``cache.tokens_seen``, the number of tokens before it.
-
-        Parameters
-        ----------
-        x_t : ndarray of float, shape (..., 1, d_model)
-            The new position's input; ``...`` must be the cache's ``batch_shape``.
-        cache : KVCache
-            From this layer's :meth:`init_cache`; updated in place.
-
-        Returns
-        -------
-        out_t : ndarray, shape (..., 1, d_model)
-        weights_t : ndarray, shape (..., h, 1, L)
-            Every head's weights over the ``L = len(cache)`` positions, this one included,
-            oldest first.
-
-        Raises
-        ------
-        ValueError
-            If ``x_t`` holds more than one position, has the wrong width or batch axes, or is
-            not float; if ``cache`` is not a KVCache of this layer; or if it is full
-            (``max_len``). The cache is left unchanged.
+        Project the new token, append its key and value (one per K/V head) to ``cache``, attend
+        its query over all ``L`` cached positions (every cached key is at or before it: no
+        mask), merge the heads, ``W_o``. Decoding T tokens one at a time gives the rows of
+        ``forward(x, mask=causal_mask(T))`` (with a rolling ``window``: of
+        ``sliding_window_mask(T, window)``), at O(d_model² + L·d_model) per step; with RoPE the
+        token sits at position ``cache.tokens_seen``. x_t (..., 1, d_model) -> out_t
+        (..., 1, d_model), weights_t (..., h, 1, L), oldest first. Raises as :meth:`step` does,
+        and if ``x_t`` holds more than one position.
 
         Examples
         --------
@@ -421,58 +461,8 @@ class MultiHeadAttention:
         >>> out_t.shape, weights_t.shape
         ((1, 8), (2, 1, 3))
         """
-        x_t = self._validate_step(x_t, cache)
-        h, g, dtype = self.h, self.n_kv_heads, x_t.dtype
-        q = split_heads(project(x_t, self.W_q, self.b_q, dtype), h)  # (..., h, 1, d_k)
-        k = split_heads(project(x_t, self.W_k, self.b_k, dtype), g)  # (..., g, 1, d_k)
-        v = split_heads(project(x_t, self.W_v, self.b_v, dtype), g)  # (..., g, 1, d_v)
-        if self.rope is not None:  # the new token's position: the tokens already seen
-            position = np.array([cache.tokens_seen])
-            q = apply_rope(q, position, base=self.rope_base, layout=self.rope)
-            k = apply_rope(k, position, base=self.rope_base, layout=self.rope)
-        cache.append(k, v)  # keys (..., g, L, d_k), values (..., g, L, d_v)
-        heads, weights = scaled_dot_product_attention(
-            group_heads(q, g),  # (..., g, h/g, 1, d_k)
-            kv_for_groups(cache.keys),  # (..., g, 1, L, d_k)
-            kv_for_groups(cache.values),  # (..., g, 1, L, d_v)
-            scale=self.scale,
-        )  # -> (..., g, h/g, 1, d_v), (..., g, h/g, 1, L)
-        heads, weights = ungroup_heads(heads), ungroup_heads(weights)  # (..., h, 1, d_v | L)
-        weights = cache.oldest_first(weights)  # a rolling buffer's slots in position order
-        # (..., h, 1, d_v) -> (..., 1, h*d_v) -> (..., 1, d_model), in the cache's dtype if wider
-        out = project(merge_heads(heads), self.W_o, self.b_o, heads.dtype)
-        return out, weights
-
-    def _validate_step(self, x_t, cache) -> np.ndarray:
-        """:meth:`decode_step`'s input validation; the cache is not touched when it fails."""
         func = "MultiHeadAttention.decode_step"
-        if not isinstance(cache, KVCache):
-            raise fail(
-                func,
-                f"cache is a {type(cache).__name__}; expected a KVCache from this layer's "
-                "init_cache()",
-            )
-        if cache.layer is not self:
-            raise fail(
-                func,
-                f"cache was made by another layer ({cache.layer!r}); each layer needs its own "
-                "cache: make one with this layer's init_cache()",
-            )
-        x_t = as_float_array(func, "x_t", x_t)
-        d_model = self.d_model
-        validate_shape(func, "x_t", x_t, ("1", "d_model"), {"d_model": (d_model, "the layer")})
-        batch = x_t.shape[:-2]
-        if x_t.shape[-2] != 1 or batch != cache.batch_shape:
-            also = "" if batch == cache.batch_shape else (
-                f"... = {fmt_shape(cache.batch_shape)} (from the cache), "
-            )
-            raise fail(
-                func,
-                f"x_t has shape {fmt_shape(x_t.shape)}; expected (..., 1, d_model) with "
-                f"{also}d_model={d_model} (from the layer)",
-            )
-        cache.require_room(1, func)  # before anything is computed or stored
-        return x_t
+        return self._step(KVCache.check_step(func, self, x_t, cache, one=True), cache)
 
     def backward(self, grad_out, saved) -> dict[str, np.ndarray]:
         """Gradients of a loss with respect to the inputs and every parameter.

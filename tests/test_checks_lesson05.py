@@ -182,7 +182,7 @@ MISTAKES = [
          d, b, c["factor"], c["low_freq_factor"], c["high_freq_factor"],
          c["original_max_position_embeddings"]),
      r"asks you to write the rule from the config yourself; your answer calls "
-     r"mha_course\.rope_scaling"),
+     r"mha_course\.variants\.rope_scaling"),
     ("masks-encoder-causal", "check_encoder_decoder_masks",
      lambda *a: _masks(*a, enc_causal=True), r"encoder is bidirectional"),
     ("masks-encoder-not-broadcast", "check_encoder_decoder_masks",

@@ -98,7 +98,7 @@ def _generate_greedy(model, prompt, n_new, kind="right"):
         T = len(chunk)
         positions = {"right": cached, "zero": 0, "generated": max(0, cached - len(prompt))}[
             kind] + np.arange(T)
-        for i, attn in enumerate(model.blocks):
+        for i, attn in enumerate(block.attn for block in model.blocks):
             a = rms_norm(x, P[f"L{i}.attn_norm"], c.eps)
             q = apply_rope(split_heads(a @ attn.W_q, c.h), positions, layout=c.rope)
             k = apply_rope(split_heads(a @ attn.W_k, c.n_kv_heads), positions, layout=c.rope)

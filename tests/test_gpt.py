@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from mha_course import gradient_check
-from mha_course.chunked import attend_chunk
 from mha_course.models.gpt import GPT, GPTConfig, swiglu_width
 from mha_course.models.gpt_fast import fast_logits, fast_loss_and_grads
 
@@ -57,7 +56,7 @@ def test_forward_shapes_and_parameter_names():
     assert params["L1.W_k"].shape == (24, 3 * 4) and params["L0.W_o"].shape == (24, 24)
     assert params["L0.W_gate"].shape == (24, 20) and params["L1.W_down"].shape == (20, 24)
     assert params["W_U"].shape == (24, 13)
-    assert params["L0.W_q"] is model.blocks[0].W_q  # the arrays themselves
+    assert params["L0.W_q"] is model.blocks[0].attn.W_q  # the arrays themselves
     assert model.n_params == sum(p.size for p in params.values())
 
 
@@ -159,12 +158,12 @@ def test_head_mask_of_ones_changes_nothing_and_zero_ablates_a_head():
     mask = np.ones((2, 6))
     mask[1, 2] = 0.0
     # by hand: head 2 of block 1 zeroed in the concatenated heads before W_o
-    W_o = model.blocks[1].W_o.copy()
-    model.blocks[1].W_o[2 * 4 : 3 * 4] = 0.0
+    W_o = model.blocks[1].attn.W_o.copy()
+    model.blocks[1].attn.W_o[2 * 4 : 3 * 4] = 0.0
     np.testing.assert_allclose(model(tokens), model.__class__.from_parameters(
         model.config, model.parameters())(tokens), atol=1e-13)
     by_hand = model(tokens)
-    model.blocks[1].W_o[...] = W_o
+    model.blocks[1].attn.W_o[...] = W_o
     np.testing.assert_allclose(model(tokens, head_mask=mask), by_hand, atol=1e-12)
     with pytest.raises(ValueError, match="head_mask is for evaluation"):
         model.forward(tokens, head_mask=mask, return_cache=True)
@@ -184,16 +183,16 @@ def test_cached_steps_equal_the_uncached_forward(chunks):
     assert [len(c) for c in caches] == [7, 7]
 
 
-def test_attend_chunk_equals_decode_step_for_one_token():
+def test_a_chunk_step_equals_decode_steps_one_token_at_a_time():
     model = small_model()
-    layer = model.blocks[0]
+    layer = model.blocks[0].attn
     x = np.random.default_rng(3).normal(size=(2, 4, 24))
     c1, c2 = layer.init_cache((2,)), layer.init_cache((2,))
-    out_chunk, w_chunk = attend_chunk(layer, x[:, :3], c1)
+    out_chunk, w_chunk = layer.step(x[:, :3], c1)
     for t in range(3):
         out_t, w_t = layer.decode_step(x[:, t : t + 1], c2)
         np.testing.assert_allclose(out_chunk[:, t : t + 1], out_t, atol=1e-13)
-    out_last, w_last = attend_chunk(layer, x[:, 3:], c1)
+    out_last, w_last = layer.step(x[:, 3:], c1)
     out_t, w_t = layer.decode_step(x[:, 3:], c2)
     np.testing.assert_allclose(out_last, out_t, atol=1e-13)
     np.testing.assert_allclose(w_last, w_t, atol=1e-13)

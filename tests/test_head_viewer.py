@@ -14,11 +14,11 @@ from mha_course.widgets.head_viewer import (
     WIDGET_DPI,
     HeadViewPainter,
     draw_head_view,
-    figure_png,
     head_color,
     head_viewer,
     summary_line,
 )
+from mha_course.widgets.plotting import figure_png
 
 T = 7
 LABELS = list("abc>abc")
@@ -194,4 +194,5 @@ def test_the_painter_draws_exactly_what_draw_head_view_draws():
         png, summary = painter.png(weights, LABELS, **kwargs)
         fig, want = draw_head_view(weights, LABELS, **kwargs)
         assert summary == want, kwargs
-        np.testing.assert_array_equal(pixels(png), pixels(figure_png(fig)), err_msg=str(kwargs))
+        np.testing.assert_array_equal(pixels(png), pixels(figure_png(fig, dpi=WIDGET_DPI)),
+                                      err_msg=str(kwargs))

@@ -440,3 +440,19 @@ def test_oldest_first_is_the_identity_without_a_window_or_before_wrapping(rng):
     assert cache.oldest_first(np.arange(4)).tolist() == [1, 2, 3, 0]
     assert cache.positions[cache.oldest_first(np.arange(4))].tolist() == [1, 2, 3, 4]
     assert "window=4" in repr(cache)
+
+
+def test_truncate_rolls_the_cache_back_and_the_next_step_sees_only_what_is_kept(rng):
+    layer = random_layer(rng, n_kv_heads=2, rope="half")
+    x = rng.normal(size=(7, D_MODEL))
+    cache, fresh = layer.init_cache(), layer.init_cache()
+    layer.step(x[:5], cache)
+    cache.truncate(3)  # as speculative decoding drops two rejected drafts
+    layer.step(x[:3], fresh)
+    assert (len(cache), cache.tokens_seen) == (3, 3)
+    np.testing.assert_allclose(layer.step(x[5:], cache)[0], layer.step(x[5:], fresh)[0],
+                               rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match=r"^KVCache\.truncate: length=6 must be between 0 "):
+        cache.truncate(6)
+    with pytest.raises(ValueError, match=r"^KVCache\.truncate: the cache has a rolling window"):
+        layer.init_cache(window=2).truncate(0)

@@ -20,6 +20,7 @@ from mha_course import (
     scaled_dot_product_attention,
     split_heads,
 )
+from mha_course.heads import attend_heads
 
 moderate = st.floats(-2, 2, allow_nan=False, allow_infinity=False)
 small = st.integers(1, 4)
@@ -385,27 +386,42 @@ def test_generator_is_accepted_as_rng():
 
 
 # ------------------------------------------------------------------------ one attention path
-def test_forward_and_decode_step_attend_through_scaled_dot_product_attention(rng, monkeypatch):
-    """The layer is composed of the lessons' pieces: every forward and every decoding step goes
-    through the one scaled_dot_product_attention (lesson 03), whose output it returns."""
+@pytest.mark.parametrize("g", [1, 2, 4])
+def test_attend_heads_reads_kv_head_i_over_h_by_g_for_query_head_i(rng, g):
+    """The one GQA grouping: query head i attends with K/V head i // (h/g), each head alone
+    through scaled_dot_product_attention (lesson 03), under the same mask."""
+    h = 4
+    q, k, v = rng.normal(size=(B, h, T, 3)), rng.normal(size=(B, g, T, 3)), rng.normal(
+        size=(B, g, T, 5))
+    heads, weights = attend_heads(q, k, v, causal_mask(T))
+    for i in range(h):
+        want, want_w = scaled_dot_product_attention(q[:, i], k[:, i // (h // g)],
+                                                    v[:, i // (h // g)], mask=causal_mask(T))
+        np.testing.assert_allclose(heads[:, i], want, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(weights[:, i], want_w, rtol=1e-12, atol=1e-12)
+
+
+def test_forward_and_every_step_attend_through_scaled_dot_product_attention(rng, monkeypatch):
+    """One attention path: forward, step and decode_step each call lesson 03's
+    scaled_dot_product_attention once (through attend_heads for the steps)."""
+    import mha_course.heads as heads_module
+
     calls = []
     real = multihead_module.scaled_dot_product_attention
 
-    def spy(q, k, v, mask=None, *, scale=None):
-        calls.append((q.shape, k.shape, None if mask is None else np.shape(mask)))
-        return real(q, k, v, mask=mask, scale=scale)
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
 
     monkeypatch.setattr(multihead_module, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(heads_module, "scaled_dot_product_attention", spy)
     layer = conftest.random_layer(rng, d_model=12, h=4, n_kv_heads=2)
     x = rng.normal(size=(B, T, 12))
     layer(x, mask=causal_mask(T))
-    # query heads grouped (B, g, h/g, T, d_k) against K/V heads (B, g, 1, S, d_k)
-    assert calls == [((B, 2, 2, T, 3), (B, 2, 1, T, 3), (1, 1, T, T))]
     cache = layer.init_cache(batch_shape=(B,))
-    layer.decode_step(x[:, :1], cache)
-    layer.decode_step(x[:, 1:2], cache)
-    assert calls[1:] == [((B, 2, 2, 1, 3), (B, 2, 1, 1, 3), None),
-                         ((B, 2, 2, 1, 3), (B, 2, 1, 2, 3), None)]
+    layer.step(x[:, :2], cache)
+    layer.decode_step(x[:, 2:3], cache)
+    assert len(calls) == 3
 
 
 # ------------------------------------------------------------------------- the score scale
@@ -464,3 +480,19 @@ def test_a_bad_scale_and_backward_with_a_scale_are_named_errors(rng):
                                          r"what backward needs, and backward assumes the scale "
                                          r"1/sqrt\(d_k\); this layer has scale=0.3"):
         layer(rng.normal(size=(T, D_MODEL)), return_cache=True)
+
+
+def test_head_mask_zero_ablates_a_head_as_zeroing_its_rows_of_W_o(rng):
+    layer = conftest.random_layer(rng, d_model=12, h=4, n_kv_heads=2, bias=True)
+    x = rng.normal(size=(B, T, 12))
+    got, _ = layer(x, mask=causal_mask(T), head_mask=[1.0, 0.0, 1.0, 1.0])
+    W_o = layer.W_o.copy()
+    layer.W_o[3:6] = 0.0  # head 1's rows (d_v = 3)
+    want, _ = layer(x, mask=causal_mask(T))
+    layer.W_o[...] = W_o
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    assert not np.allclose(got, layer(x, mask=causal_mask(T))[0])
+    with pytest.raises(ValueError, match=r"^MultiHeadAttention.forward: head_mask has shape "):
+        layer(x, head_mask=[1.0, 0.0])
+    with pytest.raises(ValueError, match=r"^MultiHeadAttention.forward: head_mask is for "):
+        layer(x, head_mask=np.ones(4), return_cache=True)

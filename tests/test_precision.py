@@ -15,11 +15,11 @@ from mha_course import scaled_dot_product_attention
 from mha_course.parallel.precision import (
     FORMATS,
     attention_steps,
+    block_quantize,
     format_info,
     fp8_attention,
     hadamard,
     matmul_accumulate,
-    quantize,
     random_hadamard,
     round_to,
     sequential_sum,
@@ -112,8 +112,8 @@ def test_hadamard_is_orthogonal_and_keeps_the_scores():
 
 def test_per_block_scales_keep_small_blocks_that_a_tensor_scale_flushes():
     x = np.vstack([np.full((4, 2), 1e-3), np.full((4, 2), 1e3)])
-    assert (quantize(x, block=None)[:4] == 0).all()
-    np.testing.assert_allclose(quantize(x, block=4)[:4], 1e-3, rtol=0.07)
+    assert (block_quantize(x, block=None)[:4] == 0).all()
+    np.testing.assert_allclose(block_quantize(x, block=4)[:4], 1e-3, rtol=0.07)
 
 
 def test_incoherent_processing_reduces_the_fp8_error_on_outlier_channels():

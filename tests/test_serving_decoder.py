@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 from mha_course.serving.decoder import (
     ContiguousCache,
     Decoder,
-    decoder_weights_of,
     generate_alone,
     probabilities,
     sample_token,
@@ -23,14 +22,14 @@ DEC = Decoder.random(vocab=17, d_model=24, n_layers=2, h=4, n_kv_heads=2, rng=3)
 
 def test_forward_is_each_layers_own_forward_with_a_causal_mask():
     tokens = np.array([1, 5, 2, 16, 0, 3])
-    x = DEC.embedding[tokens]
-    for layer in DEC.layers:  # written out once more, from the package's pieces
+    x = DEC.W_E[tokens]
+    for layer in DEC.blocks:  # written out once more, from the package's pieces
         from mha_course import causal_mask, rms_norm, swiglu
-        a = rms_norm(x, layer.norm_attn, DEC.eps)
+        a = rms_norm(x, layer.attn_norm, DEC.eps)
         x = x + layer.attn(a, mask=causal_mask(len(tokens)))[0]
-        x = x + swiglu(rms_norm(x, layer.norm_mlp, DEC.eps), layer.W_gate, layer.W_up,
+        x = x + swiglu(rms_norm(x, layer.mlp_norm, DEC.eps), layer.W_gate, layer.W_up,
                        layer.W_down)
-    np.testing.assert_allclose(DEC.forward(tokens), rms_norm(x, DEC.norm_final) @ DEC.W_out,
+    np.testing.assert_allclose(DEC.forward(tokens), rms_norm(x, DEC.norm_f) @ DEC.W_U,
                                rtol=1e-12, atol=1e-12)
 
 
@@ -96,13 +95,13 @@ def test_bad_tokens_and_models_are_refused_by_name():
         DEC.forward([0, 17])
     with pytest.raises(ValueError, match=r"Decoder.step_many: 2 chunks but 1 caches"):
         DEC.step_many([[1], [2]], [ContiguousCache(DEC)])
-    with pytest.raises(ValueError, match=r"Decoder.from_model: cannot read the weights of a "
+    with pytest.raises(ValueError, match=r"Decoder.from_model: cannot read the blocks of a "
                                          r"object"):
-        decoder_weights_of(object())
+        Decoder.from_model(object())
 
 
 def test_weight_bytes_leave_out_the_embedding_table():
-    assert DEC.parameter_count() - DEC.parameter_count(embedding=False) == DEC.embedding.size
+    assert DEC.parameter_count() - DEC.parameter_count(embedding=False) == DEC.W_E.size
     assert DEC.weight_bytes() == DEC.parameter_count(embedding=False) * 8
 
 
@@ -119,7 +118,7 @@ def _with_biases(seed):
     # RoPE, grouped heads and random (non-zero) attention biases
     dec = Decoder.random(vocab=17, d_model=24, n_layers=2, h=6, n_kv_heads=2, rng=seed)
     rng = np.random.default_rng(seed)
-    for layer in dec.layers:
+    for layer in dec.blocks:
         attn = layer.attn
         attn.bias = True
         attn.b_q, attn.b_k, attn.b_v = (rng.normal(size=W.shape[1])
@@ -131,9 +130,9 @@ def _with_biases(seed):
 def test_biases_reach_every_path_as_they_reach_forward():
     dec = _with_biases(5)
     tokens = np.random.default_rng(6).integers(0, dec.vocab, (3, 7))
-    no_bias = Decoder(dec.embedding, Decoder.random(vocab=17, d_model=24, n_layers=2, h=6,
-                                                    n_kv_heads=2, rng=5).layers,
-                      dec.norm_final, dec.W_out)
+    no_bias = Decoder(dec.W_E, Decoder.random(vocab=17, d_model=24, n_layers=2, h=6,
+                                                    n_kv_heads=2, rng=5).blocks,
+                      dec.norm_f, dec.W_U)
     assert not np.allclose(dec.forward(tokens[0]), no_bias.forward(tokens[0]))  # biases matter
     cache = ContiguousCache(dec, batch=3)
     got = np.concatenate([dec.step_batch(tokens[:, :4], cache),
@@ -151,15 +150,15 @@ def test_biases_reach_every_path_as_they_reach_forward():
 def test_step_batch_multiplies_each_weight_once_as_a_2d_product(monkeypatch):
     # the docstring's "one 2-d matrix product per weight": every product step_batch makes
     # has a 2-d left operand with B·T rows (attention's batched products aside)
-    import mha_course.serving.decoder as decoder_module
+    import mha_course.multihead as multihead_module
 
-    shapes, plain = [], decoder_module.linear
+    shapes, plain = [], multihead_module.project
 
-    def spy(x, W, b=None):
+    def spy(x, W, b, dtype):
         shapes.append(x.shape)
-        return plain(x, W, b)
+        return plain(x, W, b, dtype)
 
-    monkeypatch.setattr(decoder_module, "linear", spy)
+    monkeypatch.setattr(multihead_module, "project", spy)
     tokens = np.random.default_rng(2).integers(0, DEC.vocab, (5, 1))
     DEC.step_batch(tokens, ContiguousCache(DEC, batch=5))
     assert shapes and all(s == (5, DEC.d_model) for s in shapes)

@@ -15,7 +15,7 @@ from mha_course.serving.speculative import (
     acceptance_rate,
     expected_tokens_per_round,
     output_distribution,
-    residual,
+    residual_distribution,
     speculative_generate,
     tree_mask,
     verify,
@@ -29,9 +29,9 @@ DRAFT = Decoder.random(vocab=9, d_model=8, n_layers=1, h=2, rng=12)
 #: replacement drawn from the target, not from what it adds over the draft), the residual
 #: left unnormalised-then-renormalised over the rejected token only.
 MUTANTS = {
-    "q/p instead of p/q": (lambda p, q: np.minimum(1.0, q / p), residual),
+    "q/p instead of p/q": (lambda p, q: np.minimum(1.0, q / p), residual_distribution),
     "resample from p": (acceptance_probability, lambda p, q: p),
-    "always accept": (lambda p, q: np.ones_like(p), residual),
+    "always accept": (lambda p, q: np.ones_like(p), residual_distribution),
 }
 
 distributions = st.integers(2, 6).flatmap(lambda n: st.tuples(

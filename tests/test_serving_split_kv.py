@@ -68,3 +68,14 @@ def test_chunks_and_occupancy():
     # Llama 3 70B under tensor parallelism 8: one K/V head per GPU, so one block at batch 1
     assert occupancy(batch=1, kv_heads=1, n_splits=1, sms=132) == pytest.approx(1 / 132)
     assert splits_to_fill(1, 1, 132) == 132 and splits_to_fill(64, 1, 132) == 2
+
+
+def test_combine_partials_takes_a_chunk_with_no_visible_key_as_nothing():
+    # a chunk whose keys are all masked has lse = -inf (and output 0): it adds nothing, never NaN
+    out = np.array([[[1.0, 2.0]]])
+    got, lse = combine_partials([out, np.zeros_like(out)], [np.zeros((1, 1)),
+                                                             np.full((1, 1), -np.inf)])
+    np.testing.assert_array_equal(got, out)
+    np.testing.assert_array_equal(lse, np.zeros((1, 1)))
+    none, lse = combine_partials([np.zeros_like(out)] * 2, [np.full((1, 1), -np.inf)] * 2)
+    assert not np.isnan(none).any() and np.isneginf(lse).all()

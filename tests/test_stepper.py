@@ -17,7 +17,7 @@ from mha_course.widgets.stepper import (
     STEPPER_LENGTH,
     STEPPER_TOKENS,
     STEPS,
-    attention_steps,
+    attention_intermediates,
     draw_stepper,
     stepper_inputs,
     stepper_mask,
@@ -40,7 +40,7 @@ def qkv():
 def test_each_step_is_the_previous_one_transformed(qkv, scale, temperature):
     q, k, v = qkv
     mask = np.array([[True, True, False, True, False]])  # (1, S): broadcasts over queries
-    steps = attention_steps(q, k, v, scale=scale, temperature=temperature, mask=mask)
+    steps = attention_intermediates(q, k, v, scale=scale, temperature=temperature, mask=mask)
     divisor = (2.0 if scale else 1.0) * temperature  # √d_k = 2
     assert steps["divisor"] == pytest.approx(divisor)
     np.testing.assert_allclose(steps["scores"], q @ k.T)
@@ -53,28 +53,29 @@ def test_each_step_is_the_previous_one_transformed(qkv, scale, temperature):
 def test_scaled_at_temperature_one_is_the_packages_attention(qkv):
     q, k, v = qkv
     mask = causal_mask(3, 5)
-    steps = attention_steps(q, k, v, mask=mask)
+    steps = attention_intermediates(q, k, v, mask=mask)
     out, weights = scaled_dot_product_attention(q, k, v, mask)
     np.testing.assert_allclose(steps["weights"], weights, rtol=1e-12)
     np.testing.assert_allclose(steps["output"], out, rtol=1e-12)
 
 
 def test_no_mask_leaves_the_scaled_scores_as_they_are(qkv):
-    steps = attention_steps(*qkv)
+    steps = attention_intermediates(*qkv)
     assert steps["masked"] is steps["scaled"]
     assert np.isfinite(steps["masked"]).all()
 
 
 @pytest.mark.parametrize("temperature", [0, -1.0, float("nan"), float("inf"), "1", True])
 def test_temperature_must_be_a_positive_number(qkv, temperature):
-    with pytest.raises(ValueError, match=r"attention_steps: temperature=.*expected a number > 0"):
-        attention_steps(*qkv, temperature=temperature)
+    with pytest.raises(ValueError,
+                       match=r"attention_intermediates: temperature=.*expected a number > 0"):
+        attention_intermediates(*qkv, temperature=temperature)
 
 
 def test_wrong_shapes_are_reported_by_the_attention_function(qkv):
     q, k, v = qkv
     with pytest.raises(ValueError, match=r"scaled_dot_product_attention: k has shape \(4, 5\)"):
-        attention_steps(q, k.T, v)
+        attention_intermediates(q, k.T, v)
 
 
 def test_masks_are_none_causal_and_padding_of_the_stepper_sentence():

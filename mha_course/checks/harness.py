@@ -47,6 +47,7 @@ import warnings
 import numpy as np
 
 from .. import MultiHeadAttention
+from .._validate import fmt_shape  # the lessons' checks import it here
 from .forbid import CallWatch, Rule, Use, find_in_source, rules_for
 from .measure import PROBE, check_rng, traced  # noqa: F401  (the lessons import check_rng here)
 
@@ -154,11 +155,6 @@ def fmt_pair(a, b) -> tuple[str, str]:
 def fmt_index(index) -> str:
     index = tuple(int(i) for i in index)
     return str(index[0]) if len(index) == 1 else str(index)
-
-
-def fmt_shape(shape) -> str:
-    shape = tuple(int(n) for n in shape)
-    return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
 
 
 def equal(a, b) -> bool:

@@ -293,7 +293,7 @@ def _rotated_decode(model, prompt, n_new, offset_rule):
         T = len(chunk)
         positions = {"zero": np.arange(T), "right": cached + np.arange(T),
                      "generated": generated[0] + np.arange(T)}[offset_rule]
-        for i, attn in enumerate(model.blocks):
+        for i, attn in enumerate(block.attn for block in model.blocks):
             a = rms_norm(x, P[f"L{i}.attn_norm"], c.eps)
             q = apply_rope(split_heads(a @ attn.W_q, c.h), positions, layout=c.rope)
             k = apply_rope(split_heads(a @ attn.W_k, c.n_kv_heads), positions, layout=c.rope)
@@ -329,8 +329,8 @@ def check_decode_positions(fn) -> None:
         got = call(ex, fn, (model, prompt, n_new), ("model", "prompt", "n_new"),
                    forbid={**{f"mha_course.models.gpt.GPT.{m}": "fix the colleague's loop, "
                               "not replace it by the model's own" for m in GPT_CALLS},
-                           "mha_course.chunked.attend_chunk": "fix the colleague's loop, not "
-                           "replace it by the package's"})
+                           "mha_course.MultiHeadAttention.step": "fix the colleague's loop, not "
+                           "replace it by the layer's"})
         label = f"for a prompt of {T0} tokens and {n_new} new ones"
         got = _ids(ex, got, want.shape, f"your tokens {label}")
         if (got == want).all():

@@ -16,9 +16,9 @@ import numbers
 import numpy as np
 
 from ..cost import MODELS
-from ..serving.decoder import ContiguousCache, Decoder, attend_groups, rotate
+from ..serving.decoder import ContiguousCache, Decoder
 from ..serving.roofline import GPUS, critical_batch, decode_step_cost, model_sizes
-from ..serving.speculative import improvement_factor, tree_depths, tree_mask
+from ..serving.speculative import TreeView, improvement_factor, tree_depths, tree_mask
 from .harness import as_array, call, compare, fail, fmt, passed
 from .measure import check_rng
 
@@ -191,21 +191,11 @@ def check_tree_verification(fn) -> None:
                "to verifying that branch alone")
 
 
-class _LearnerTree:
+class _LearnerTree(TreeView):
     """A read-only view of a cache plus the learner's tree mask and positions."""
 
     def __init__(self, cache, mask, positions):
         self.cache, self.mask, self.positions, self.length = cache, mask, positions, cache.length
-
-    def attend(self, layer, q, k, v):
-        attn = self.cache.decoder.layers[layer].attn
-        q, k = rotate(attn, q, self.positions), rotate(attn, k, self.positions)
-        K = np.concatenate([self.cache.keys[layer], k], axis=-2)
-        V = np.concatenate([self.cache.values[layer], v], axis=-2)
-        return attend_groups(q, K, V, self.mask)[0]
-
-    def advance(self, n):
-        pass
 
 
 def _tree_equals_branches(ex, dec, rng, parents, n_cached, mask, positions, label):

@@ -33,7 +33,7 @@ __all__ = ["check_cache_reset", "check_chunk_mask", "check_gqa_prefill", "check_
            "check_rope_values", "check_window_off_by_one"]
 
 sdpa = scaled_dot_product_attention
-LAYER_CALLS = ("forward", "__call__", "decode_step", "init_cache")
+LAYER_CALLS = ("forward", "__call__", "step", "decode_step", "init_cache")
 
 
 def no_layer(task: str) -> dict[str, str]:

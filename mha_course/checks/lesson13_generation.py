@@ -24,6 +24,7 @@ from .. import (
     split_heads,
 )
 from ..models.sampling import top_p_filter
+from ..variants.entropy import attention_entropy
 from . import properties as P
 from .harness import call, compare, fmt, passed
 from .measure import check_rng
@@ -37,12 +38,7 @@ NUCLEUS = ("the nucleus is the smallest set of most probable tokens whose probab
            "least p")
 TEMPERATURE = ("temperature reshapes the distribution: softmax(logits / τ), so τ < 1 sharpens it, "
                "τ > 1 flattens it and τ = 1 is the model's own softmax")
-LAYER_CALLS = ("forward", "__call__", "decode_step", "init_cache")
-
-
-def _entropy(p):
-    p = np.asarray(p, float)
-    return float(-(np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0)).sum(-1).mean())
+LAYER_CALLS = ("forward", "__call__", "step", "decode_step", "init_cache")
 
 
 def _distribution(ex, got, shape, label):
@@ -128,7 +124,7 @@ def check_temperature(fn) -> None:
                                "fix the temperature yourself"})
             outs[tau] = _distribution(ex, got, shape, label)
         label = f"for logits of shape {shape}"
-        h = {tau: _entropy(o) for tau, o in outs.items()}
+        h = {tau: float(attention_entropy(o).mean()) for tau, o in outs.items()}
         twice = ("the temperature is applied twice: softmax(logits / τ²), as in "
                  "RL-Align/RL-Kernel#81", lambda lg=logits: softmax(lg / 0.25))
         times = ("multiplying the logits by τ sharpens where dividing should flatten",
@@ -182,8 +178,7 @@ def check_decode_offset(fn) -> None:
         want = layer(x, mask=causal_mask(T))[0]
         got = call(ex, fn, (layer, x, n_prompt), ("layer", "x", "n_prompt"),
                    forbid={**{f"mha_course.MultiHeadAttention.{m}": "fix the loop, not "
-                              "replace it by the layer's own passes" for m in LAYER_CALLS},
-                           "mha_course.chunked.attend_chunk": "fix the loop"})
+                              "replace it by the layer's own passes" for m in LAYER_CALLS}})
         label = (f"{layer!r}, {T} positions after a prompt of {n_prompt}")
         out = array(ex, got, want.shape, f"your outputs for {label}", "(T, d_model)")
         found = P.moved_text(want, out)

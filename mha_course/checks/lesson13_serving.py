@@ -181,7 +181,7 @@ def check_speculative_rollback(fn) -> None:
     target, draft = (Decoder.random(vocab=11, d_model=16, n_layers=2, h=4, n_kv_heads=2,
                                     rng=1321) for _ in range(2))
     noise = np.random.default_rng(5)
-    for t_layer, d_layer in zip(target.layers, draft.layers, strict=True):
+    for t_layer, d_layer in zip(target.blocks, draft.blocks, strict=True):
         for layer in (t_layer, d_layer):  # sharper attention: what a cache holds matters
             layer.attn.W_q, layer.attn.W_o = layer.attn.W_q * 3, layer.attn.W_o * 3
         d_layer.W_down = d_layer.W_down + 0.3 * noise.normal(size=d_layer.W_down.shape)

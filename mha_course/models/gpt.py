@@ -25,7 +25,9 @@ rope="half", rope_base=10000.0, eps=1e-5)``
     Frozen; ``d_ff=None`` gives SwiGLU's usual width, 8/3 · d_model rounded up to a multiple
     of 8. ``config.to_dict()`` / ``GPTConfig.from_dict(d)``.
 ``GPT(config, rng=None, dtype=np.float64)``
-    ``.config``, ``.blocks`` (one :class:`~mha_course.MultiHeadAttention` per block),
+    ``.config``, ``.blocks`` (one :class:`~mha_course.block.PreNormBlock` per block: its
+    ``.attn``, a :class:`~mha_course.MultiHeadAttention`, ``.attn_norm``, ``.mlp_norm``,
+    ``.W_gate``, ``.W_up``, ``.W_down``),
     ``.dtype``, ``.n_params``.
 ``model.parameters() -> dict``
     Every parameter by name, the arrays themselves (an optimiser updates them in place):
@@ -49,7 +51,8 @@ rope="half", rope_base=10000.0, eps=1e-5)``
     One cache per block. ``model.step(tokens_chunk, caches)`` -> logits (..., T, V) for a chunk
     of any length ``T >= 1`` (a prefill, one decode step, or ``k`` drafted tokens to verify),
     at positions offset by what the caches hold; equal to the matching rows of the uncached
-    forward (:func:`mha_course.chunked.attend_chunk` is the attention of one block).
+    forward (:meth:`MultiHeadAttention.step <mha_course.MultiHeadAttention.step>` is the
+    attention of one block).
 ``model.generate(prompt, n_new, temperature=1.0, top_k=None, top_p=None, rng=None,
 use_cache=True)``
     The prompt followed by ``n_new`` tokens (:func:`mha_course.models.sampling.next_token`).
@@ -70,9 +73,7 @@ import numpy as np
 
 from .._validate import fail, validate_positive_int
 from ..attention import causal_mask
-from ..block import rms_norm, rms_norm_backward, swiglu, swiglu_backward
-from ..chunked import attend_chunk
-from ..heads import merge_heads, project, split_heads
+from ..block import PreNormBlock, rms_norm, rms_norm_backward, swiglu_backward
 from ..kv_cache import KVCache
 from ..multihead import MultiHeadAttention
 from .gpt_config import GPTConfig, swiglu_width
@@ -115,7 +116,7 @@ class GPT:
         c, self.config, self.dtype = config, config, dtype
         rng = np.random.default_rng(rng)
         self.W_E = (0.02 * rng.normal(size=(c.vocab_size, c.d_model))).astype(dtype)
-        self.blocks, self.mlp = [], []
+        self.blocks = []  # one PreNormBlock each: its attention, two norms, its SwiGLU
         residual_scale = 1.0 / math.sqrt(2 * c.n_layers)
         for _ in range(c.n_layers):
             attn = MultiHeadAttention(c.d_model, c.h, rng=rng, n_kv_heads=c.n_kv_heads,
@@ -123,17 +124,12 @@ class GPT:
             attn.W_o = attn.W_o * residual_scale
             for name in ("W_q", "W_k", "W_v", "W_o"):
                 setattr(attn, name, getattr(attn, name).astype(dtype))
-            self.blocks.append(attn)
-            self.mlp.append({
-                "attn_norm": np.ones(c.d_model, dtype=dtype),
-                "mlp_norm": np.ones(c.d_model, dtype=dtype),
-                "W_gate": (rng.normal(size=(c.d_model, c.d_ff)) / math.sqrt(c.d_model)
-                           ).astype(dtype),
-                "W_up": (rng.normal(size=(c.d_model, c.d_ff)) / math.sqrt(c.d_model)
-                         ).astype(dtype),
-                "W_down": (rng.normal(size=(c.d_ff, c.d_model)) * residual_scale
-                           / math.sqrt(c.d_ff)).astype(dtype),
-            })
+            W_gate = rng.normal(size=(c.d_model, c.d_ff)) / math.sqrt(c.d_model)
+            W_up = rng.normal(size=(c.d_model, c.d_ff)) / math.sqrt(c.d_model)
+            W_down = rng.normal(size=(c.d_ff, c.d_model)) * residual_scale / math.sqrt(c.d_ff)
+            self.blocks.append(PreNormBlock(
+                attn, np.ones(c.d_model, dtype=dtype), np.ones(c.d_model, dtype=dtype),
+                W_gate.astype(dtype), W_up.astype(dtype), W_down.astype(dtype), c.eps))
         self.norm_f = np.ones(c.d_model, dtype=dtype)
         self.W_U = (0.02 * rng.normal(size=(c.d_model, c.vocab_size))).astype(dtype)
 
@@ -141,11 +137,8 @@ class GPT:
     def parameters(self) -> dict[str, np.ndarray]:
         """Every parameter array by name (see the module docstring), the arrays themselves."""
         params = {"W_E": self.W_E}
-        for i, (attn, extra) in enumerate(zip(self.blocks, self.mlp, strict=True)):
-            params[f"L{i}.attn_norm"] = extra["attn_norm"]
-            params.update((f"L{i}.{name}", p) for name, p in attn.parameters().items())
-            for name in ("mlp_norm", "W_gate", "W_up", "W_down"):
-                params[f"L{i}.{name}"] = extra[name]
+        for i, block in enumerate(self.blocks):
+            params.update((f"L{i}.{name}", p) for name, p in block.parameters().items())
         params["norm_f"] = self.norm_f
         params["W_U"] = self.W_U
         return params
@@ -240,31 +233,60 @@ class GPT:
         ValueError
             On ids outside the vocabulary, too many positions, a wrong ``head_mask``.
         """
-        func = "GPT.forward"
+        logits, cache, _ = self._run("GPT.forward", tokens, head_mask, return_cache)
+        return (logits, cache) if return_cache else logits
+
+    def _run(self, func: str, tokens, head_mask, return_cache: bool):
+        """The forward pass every variant shares: ``(logits, cache, infos)``.
+
+        Each block is its :class:`~mha_course.block.PreNormBlock`, with the attention half
+        through the hook :meth:`_attention` (lesson 12's ``VariantGPT`` overrides it);
+        ``infos`` holds what the hook returns beside the output, one entry per block.
+        """
         tokens = self.validate_tokens(func, tokens)
         mask_h = self.validate_head_mask(func, head_mask)
         if mask_h is not None and return_cache:
             raise fail(func, "head_mask is for evaluation; backward needs the unmasked forward")
-        c, T = self.config, tokens.shape[-1]
-        mask = causal_mask(T)
+        c = self.config
+        mask = causal_mask(tokens.shape[-1])
         x = self.W_E[tokens]  # (..., T) -> (..., T, d_model)
-        saved = []
-        for i, (attn, p) in enumerate(zip(self.blocks, self.mlp, strict=True)):
-            a = rms_norm(x, p["attn_norm"], c.eps)  # (..., T, d_model)
-            out, att = attn.forward(a, mask=mask, return_cache=True)
-            if mask_h is not None:  # scale each head's columns of the concat, then W_o again
-                h_cols = split_heads(att.concat, c.h) * mask_h[i][:, None, None]
-                out = project(merge_heads(h_cols), attn.W_o, attn.b_o, x.dtype)
-            x1 = x + out  # the residual stream
-            m = rms_norm(x1, p["mlp_norm"], c.eps)
-            x2 = x1 + swiglu(m, p["W_gate"], p["W_up"], p["W_down"])
-            saved.append({"x": x, "att": att, "x1": x1})
-            x = x2
+        saved, infos = [], []
+        for i, block in enumerate(self.blocks):
+            kept = []  # what the hook keeps for the backward pass, and its info
+
+            def attention(a, i=i, kept=kept):
+                row = None if mask_h is None else mask_h[i]
+                out, att, info = self._attention(i, a, mask, row, return_cache)
+                kept += [att, info]
+                return out
+
+            x1 = block.with_attention(x, attention)  # x + attention(rms_norm(x))
+            saved.append({"x": x, "att": kept[0], "x1": x1})
+            infos.append(kept[1])
+            x = block.with_mlp(x1)  # x1 + swiglu(rms_norm(x1))
         xf = rms_norm(x, self.norm_f, c.eps)
         logits = xf @ self.W_U  # (..., T, d_model) @ (d_model, V) -> (..., T, V)
-        if return_cache:
-            return logits, {"tokens": tokens, "blocks": saved, "x": x, "xf": xf}
-        return logits
+        return logits, {"tokens": tokens, "blocks": saved, "x": x, "xf": xf}, infos
+
+    def _attention(self, i: int, a, mask, head_mask, keep: bool):
+        """Block ``i``'s attention on its normalised input ``a``: ``(out, saved, info)``.
+
+        ``saved`` is what :meth:`_attention_backward` needs (with ``keep``), ``info`` None here.
+        ``head_mask`` (h,) scales each head's output before ``W_o`` (the layer's own).
+        """
+        attn = self.blocks[i].attn
+        if head_mask is not None or not keep:
+            return attn.forward(a, mask=mask, head_mask=head_mask)[0], None, None
+        out, att = attn.forward(a, mask=mask, return_cache=True)
+        return out, att, None
+
+    def _attention_backward(self, i: int, dout, att, grads: dict):
+        """Gradients of block ``i``'s attention into ``grads``; returns dL/da."""
+        attn = self.blocks[i].attn
+        ga = attn.backward(dout, att)
+        for name in attn.parameters():
+            grads[f"L{i}.{name}"] = ga[name]
+        return ga["x"]
 
     __call__ = forward
 
@@ -279,7 +301,7 @@ class GPT:
         cache : dict
             From ``forward(tokens, return_cache=True)``.
         """
-        func = "GPT.backward"
+        func = f"{type(self).__name__}.backward"
         c, xf = self.config, cache["xf"]
         if np.shape(dlogits) != (*xf.shape[:-1], c.vocab_size):
             raise fail(func, f"dlogits has shape {np.shape(dlogits)}; expected (..., T, V) = "
@@ -290,22 +312,19 @@ class GPT:
         dx, grads["norm_f"] = rms_norm_backward(dlogits @ self.W_U.T, cache["x"], self.norm_f,
                                                 c.eps)
         for i in reversed(range(c.n_layers)):
-            attn, p, s = self.blocks[i], self.mlp[i], cache["blocks"][i]
+            block, s = self.blocks[i], cache["blocks"][i]
             # x2 = x1 + swiglu(rms_norm(x1)): around the MLP and through it
-            m = rms_norm(s["x1"], p["mlp_norm"], c.eps)
-            g = swiglu_backward(dx, m, p["W_gate"], p["W_up"], p["W_down"])
-            dx1, grads[f"L{i}.mlp_norm"] = rms_norm_backward(g["x"], s["x1"], p["mlp_norm"],
+            m = rms_norm(s["x1"], block.mlp_norm, c.eps)
+            g = swiglu_backward(dx, m, block.W_gate, block.W_up, block.W_down)
+            dx1, grads[f"L{i}.mlp_norm"] = rms_norm_backward(g["x"], s["x1"], block.mlp_norm,
                                                              c.eps)
             dx1 = dx1 + dx
             for name in ("W_gate", "W_up", "W_down"):
                 grads[f"L{i}.{name}"] = g[name]
             # x1 = x + attention(rms_norm(x))
-            ga = attn.backward(dx1, s["att"])
-            dx, grads[f"L{i}.attn_norm"] = rms_norm_backward(ga["x"], s["x"], p["attn_norm"],
-                                                             c.eps)
+            da = self._attention_backward(i, dx1, s["att"], grads)
+            dx, grads[f"L{i}.attn_norm"] = rms_norm_backward(da, s["x"], block.attn_norm, c.eps)
             dx = dx + dx1
-            for name in attn.parameters():
-                grads[f"L{i}.{name}"] = ga[name]
         grads["W_E"] = np.zeros_like(self.W_E)
         np.add.at(grads["W_E"], cache["tokens"], dx)  # each row: the positions of its token
         return {name: grads[name] for name in self.parameters()}
@@ -338,8 +357,8 @@ class GPT:
     def init_cache(self, batch_shape=(), max_len=None) -> list[KVCache]:
         """One empty KV cache per block (``max_len`` defaults to ``context_length``)."""
         max_len = self.config.context_length if max_len is None else max_len
-        return [attn.init_cache(batch_shape, max_len=max_len, dtype=self.dtype)
-                for attn in self.blocks]
+        return [block.attn.init_cache(batch_shape, max_len=max_len, dtype=self.dtype)
+                for block in self.blocks]
 
     def step(self, tokens, caches) -> np.ndarray:
         """Logits for a chunk of ``T >= 1`` new tokens that follow what ``caches`` hold.
@@ -365,8 +384,8 @@ class GPT:
         """
         func = "GPT.step"
         if len(caches) != len(self.blocks) or any(
-                not isinstance(cc, KVCache) or cc.layer is not attn
-                for cc, attn in zip(caches, self.blocks, strict=False)):
+                not isinstance(cc, KVCache) or cc.layer is not block.attn
+                or cc.window is not None for cc, block in zip(caches, self.blocks, strict=False)):
             raise fail(func, "caches must be this model's init_cache() (one per block)")
         L0 = caches[0].tokens_seen
         if any(cc.tokens_seen != L0 for cc in caches):
@@ -378,11 +397,8 @@ class GPT:
                              f"{caches[0].batch_shape} (from the caches)")
         c = self.config
         x = self.W_E[tokens]  # (..., T, d_model)
-        for attn, p, cache in zip(self.blocks, self.mlp, caches, strict=True):
-            out, _ = attend_chunk(attn, rms_norm(x, p["attn_norm"], c.eps), cache)
-            x = x + out
-            x = x + swiglu(rms_norm(x, p["mlp_norm"], c.eps), p["W_gate"], p["W_up"],
-                           p["W_down"])
+        for block, cache in zip(self.blocks, caches, strict=True):
+            x = block.step(x, cache)  # the caches were checked above
         return rms_norm(x, self.norm_f, c.eps) @ self.W_U
 
     def generate(self, prompt, n_new: int, temperature: float = 1.0, top_k=None, top_p=None,

@@ -31,6 +31,7 @@ import functools
 import numpy as np
 
 from ..positions import rope_angles
+from .tiny_model import cross_entropy
 
 __all__ = ["fast_logits", "fast_loss_and_grads"]
 
@@ -96,9 +97,10 @@ def _softmax_inplace(s):
 
 
 def _block_weights(model, i):
-    attn, p = model.blocks[i], model.mlp[i]
+    p = model.blocks[i]  # the PreNormBlock
+    attn = p.attn
     W_qkv = np.concatenate([attn.W_q, attn.W_k, attn.W_v], axis=1)  # (d_model, (h+2g) d_k)
-    W_gu = np.concatenate([p["W_gate"], p["W_up"]], axis=1)  # (d_model, 2 d_ff)
+    W_gu = np.concatenate([p.W_gate, p.W_up], axis=1)  # (d_model, 2 d_ff)
     return attn, p, W_qkv, W_gu
 
 
@@ -115,7 +117,7 @@ def _forward(model, tokens, head_mask=None, keep=False):
     saved = []
     for i in range(c.n_layers):
         attn, p, W_qkv, W_gu = _block_weights(model, i)
-        a, a_hat, a_r = _rms(x, p["attn_norm"], c.eps)
+        a, a_hat, a_r = _rms(x, p.attn_norm, c.eps)
         qkv = a @ W_qkv  # (B·T, (h + 2g) d_k)
         q = qkv[:, : h * d_k].reshape(B, T, h, d_k).transpose(0, 2, 1, 3)  # (B, h, T, d_k)
         k = qkv[:, h * d_k : (h + g) * d_k].reshape(B, T, g, d_k).transpose(0, 2, 1, 3)
@@ -132,13 +134,13 @@ def _forward(model, tokens, head_mask=None, keep=False):
                 1, g, r * T, 1).astype(heads.dtype)
         concat = heads.reshape(B, h, T, d_k).transpose(0, 2, 1, 3).reshape(B * T, h * d_k)
         x1 = x + concat @ attn.W_o
-        m, m_hat, m_r = _rms(x1, p["mlp_norm"], c.eps)
+        m, m_hat, m_r = _rms(x1, p.mlp_norm, c.eps)
         ab = m @ W_gu  # (B·T, 2 d_ff)
         a_, b_ = ab[:, : c.d_ff], ab[:, c.d_ff :]
         s = _sigmoid(a_)
         act = a_ * s
         hid = act * b_
-        x2 = x1 + hid @ p["W_down"]
+        x2 = x1 + hid @ p.W_down
         if keep:
             saved.append((a, a_hat, a_r, q, k, v, w, concat, m, m_hat, m_r, a_, b_, s, act, hid,
                           W_qkv, W_gu))
@@ -182,30 +184,23 @@ def fast_loss_and_grads(model, tokens, targets):
     cos, sin, _ = _tables(T, d_k, c.rope_base, c.rope, model.dtype.name)
     scale = 1.0 / np.sqrt(d_k)
     logits, (saved, xf, xf_hat, xf_r) = _forward(model, tokens, keep=True)
-    # cross-entropy over every position, and dL/dlogits = (softmax - onehot) / N
-    y = targets.reshape(-1)
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    probs = np.exp(shifted)
-    total = probs.sum(axis=-1, keepdims=True)
-    loss = float(np.mean(np.log(total[:, 0]) - shifted[np.arange(N), y]))
-    dlogits = probs / total
-    dlogits[np.arange(N), y] -= 1.0
-    dlogits *= 1.0 / N
+    loss, dlogits = cross_entropy(logits, targets.reshape(-1))  # over every position
     grads = {"W_U": xf.T @ dlogits}
     dx, grads["norm_f"] = _rms_backward(dlogits @ model.W_U.T, xf_hat, xf_r, model.norm_f)
     for i in reversed(range(c.n_layers)):
-        attn, p = model.blocks[i], model.mlp[i]
+        p = model.blocks[i]  # the PreNormBlock
+        attn = p.attn
         (a, a_hat, a_r, q, k, v, w, concat, m, m_hat, m_r, a_, b_, s, act, hid,
          W_qkv, W_gu) = saved[i]
         # the MLP: x2 = x1 + (silu(m W_gate) * (m W_up)) W_down
         grads[f"L{i}.W_down"] = hid.T @ dx
-        dh = dx @ p["W_down"].T  # (N, d_ff)
+        dh = dx @ p.W_down.T  # (N, d_ff)
         dab = np.empty((N, 2 * c.d_ff), dtype=dx.dtype)
         np.multiply(dh * b_, s * (1.0 + a_ * (1.0 - s)), out=dab[:, : c.d_ff])
         np.multiply(dh, act, out=dab[:, c.d_ff :])
         dW_gu = m.T @ dab
         grads[f"L{i}.W_gate"], grads[f"L{i}.W_up"] = dW_gu[:, : c.d_ff], dW_gu[:, c.d_ff :]
-        dm, grads[f"L{i}.mlp_norm"] = _rms_backward(dab @ W_gu.T, m_hat, m_r, p["mlp_norm"])
+        dm, grads[f"L{i}.mlp_norm"] = _rms_backward(dab @ W_gu.T, m_hat, m_r, p.mlp_norm)
         dx1 = dx + dm
         # attention: x1 = x + concat W_o
         grads[f"L{i}.W_o"] = concat.T @ dx1
@@ -230,7 +225,7 @@ def fast_loss_and_grads(model, tokens, targets):
         grads[f"L{i}.W_k"] = dW_qkv[:, h * d_k : (h + g) * d_k]
         grads[f"L{i}.W_v"] = dW_qkv[:, (h + g) * d_k :]
         da, grads[f"L{i}.attn_norm"] = _rms_backward(dqkv @ W_qkv.T, a_hat, a_r,
-                                                     p["attn_norm"])
+                                                     p.attn_norm)
         dx = dx1 + da
     onehot = np.zeros((N, c.vocab_size), dtype=dx.dtype)
     onehot[np.arange(N), tokens.reshape(-1)] = 1.0

@@ -40,10 +40,11 @@ import numpy as np
 
 from .._validate import fail
 from ..attention import causal_mask
-from ..block import rms_norm, rms_norm_backward, sigmoid, swiglu, swiglu_backward
+from ..block import sigmoid
 from ..heads import merge_heads, split_heads
 from ..positions import apply_rope
 from ..softmax import softmax
+from ..variants.entropy import attention_entropy
 from ..variants.logit_control import qk_norm, qk_norm_backward, soft_cap, soft_cap_backward
 from ..variants.sinks import softmax_with_sink, softmax_with_sink_backward
 from .gpt import GPT, GPTConfig
@@ -197,9 +198,11 @@ class VariantGPT(GPT):
         return 1.0 / math.sqrt(self.config.d_k) if v is None else float(v)
 
     # ------------------------------------------------------------------------ forward pass
-    def _attention(self, i: int, a: np.ndarray, mask: np.ndarray, keep: bool):
-        """Block ``i``'s attention on its normalised input ``a`` (B, T, d_model)."""
-        c, v, attn, extra = self.config, self.variant, self.blocks[i], self.extra[i]
+    def _attention(self, i: int, a: np.ndarray, mask: np.ndarray, head_mask, keep: bool):
+        """Block ``i``'s attention on its normalised input ``a`` (B, T, d_model): the hook of
+        ``GPT._run``. Returns ``(out, saved, (s, z, p, p_sink))``; ``head_mask`` (h,) scales
+        each head's (gated) output before ``W_o``."""
+        c, v, attn, extra = self.config, self.variant, self.blocks[i].attn, self.extra[i]
         T = a.shape[-2]
         r = c.h // c.n_kv_heads
         positions = np.arange(T)
@@ -227,6 +230,8 @@ class VariantGPT(GPT):
             o_out = o * g_heads
         else:
             o_out = o
+        if head_mask is not None:
+            o_out = o_out * head_mask[:, None, None]
         concat = merge_heads(o_out)  # (B, T, h·d_k)
         out = concat @ attn.W_o
         saved = None
@@ -240,11 +245,9 @@ class VariantGPT(GPT):
         lead = tuple(range(s.ndim - 3)) + (s.ndim - 2, s.ndim - 1)  # every axis but the head's
         raw = np.where(mask, s, -np.inf).max(axis=lead)
         capped = np.where(mask, z, -np.inf).max(axis=lead)
-        plogp = np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0).sum(axis=-1)
-        if p_sink is not None:
-            plogp = plogp + np.where(p_sink > 0, p_sink * np.log(np.where(p_sink > 0, p_sink,
-                                                                          1.0)), 0.0)
-        entropy = -plogp.mean(axis=tuple(range(plogp.ndim - 2)) + (plogp.ndim - 1,))
+        rows = attention_entropy(p)  # (..., h, T); the sink's share is one more outcome:
+        rows = rows if p_sink is None else rows + attention_entropy(p_sink[..., None])
+        entropy = rows.mean(axis=tuple(range(rows.ndim - 2)) + (rows.ndim - 1,))
         sink_mass = (np.zeros_like(entropy) if p_sink is None
                      else p_sink.mean(axis=tuple(range(p_sink.ndim - 2)) + (p_sink.ndim - 1,)))
         return {"max_logit": raw, "max_capped_logit": capped, "entropy": entropy,
@@ -272,36 +275,13 @@ class VariantGPT(GPT):
         cache : dict, with ``return_cache=True``
         stats : list of dict, with ``stats=True`` (last)
         """
-        func = "VariantGPT.forward"
-        tokens = self.validate_tokens(func, tokens)
-        mask_h = self.validate_head_mask(func, head_mask)
-        if mask_h is not None and return_cache:
-            raise fail(func, "head_mask is for evaluation; backward needs the unmasked forward")
-        c, T = self.config, tokens.shape[-1]
-        mask = causal_mask(T)
-        x = self.W_E[tokens]  # (..., T, d_model)
-        saved, block_stats = [], []
-        for i, p in enumerate(self.mlp):
-            a = rms_norm(x, p["attn_norm"], c.eps)
-            keep = return_cache or mask_h is not None
-            out, att, (s, z, w, w_sink) = self._attention(i, a, mask, keep)
-            if mask_h is not None:  # redo the output with each head's columns scaled
-                cols = split_heads(att["concat"], c.h) * mask_h[i][:, None, None]
-                out = merge_heads(cols) @ self.blocks[i].W_o
-            if stats:
-                block_stats.append(self._head_stats(s, z, w, w_sink, mask))
-            x1 = x + out
-            m = rms_norm(x1, p["mlp_norm"], c.eps)
-            x2 = x1 + swiglu(m, p["W_gate"], p["W_up"], p["W_down"])
-            saved.append({"x": x, "att": att, "x1": x1})
-            x = x2
-        xf = rms_norm(x, self.norm_f, c.eps)
-        logits = xf @ self.W_U
+        logits, cache, infos = self._run("VariantGPT.forward", tokens, head_mask, return_cache)
         result = (logits,)
         if return_cache:
-            result += ({"tokens": tokens, "blocks": saved, "x": x, "xf": xf},)
+            result += (cache,)
         if stats:
-            result += (block_stats,)
+            mask = causal_mask(logits.shape[-2])
+            result += ([self._head_stats(*info, mask) for info in infos],)
         return result[0] if len(result) == 1 else result
 
     __call__ = forward
@@ -309,7 +289,7 @@ class VariantGPT(GPT):
     # ------------------------------------------------------------------------ backward pass
     def _attention_backward(self, i: int, dout: np.ndarray, sv: dict, grads: dict):
         """Gradients of block ``i``'s attention; returns dL/da."""
-        c, v, attn, extra = self.config, self.variant, self.blocks[i], self.extra[i]
+        c, v, attn, extra = self.config, self.variant, self.blocks[i].attn, self.extra[i]
         d_model, r = c.d_model, c.h // c.n_kv_heads
         a = sv["a"]
         flat_a = a.reshape(-1, d_model)
@@ -358,33 +338,6 @@ class VariantGPT(GPT):
             grads[f"L{i}.{name}"] = flat_a.T @ d_flat.reshape(flat_a.shape[0], -1)
             da += d_flat @ W.T
         return da
-
-    def backward(self, dlogits, cache) -> dict[str, np.ndarray]:
-        """Every parameter's gradient, by hand, named as :meth:`parameters`."""
-        func = "VariantGPT.backward"
-        c, xf = self.config, cache["xf"]
-        if np.shape(dlogits) != (*xf.shape[:-1], c.vocab_size):
-            raise fail(func, f"dlogits has shape {np.shape(dlogits)}; expected (..., T, V) = "
-                             f"{(*xf.shape[:-1], c.vocab_size)}")
-        dlogits = np.asarray(dlogits, dtype=self.dtype)
-        grads = {"W_U": xf.reshape(-1, c.d_model).T @ dlogits.reshape(-1, c.vocab_size)}
-        dx, grads["norm_f"] = rms_norm_backward(dlogits @ self.W_U.T, cache["x"], self.norm_f,
-                                                c.eps)
-        for i in reversed(range(c.n_layers)):
-            p, s = self.mlp[i], cache["blocks"][i]
-            m = rms_norm(s["x1"], p["mlp_norm"], c.eps)
-            g = swiglu_backward(dx, m, p["W_gate"], p["W_up"], p["W_down"])
-            dx1, grads[f"L{i}.mlp_norm"] = rms_norm_backward(g["x"], s["x1"], p["mlp_norm"],
-                                                             c.eps)
-            dx1 = dx1 + dx
-            for name in ("W_gate", "W_up", "W_down"):
-                grads[f"L{i}.{name}"] = g[name]
-            da = self._attention_backward(i, dx1, s["att"], grads)
-            dx, grads[f"L{i}.attn_norm"] = rms_norm_backward(da, s["x"], p["attn_norm"], c.eps)
-            dx = dx + dx1
-        grads["W_E"] = np.zeros_like(self.W_E)
-        np.add.at(grads["W_E"], cache["tokens"], dx)
-        return {name: grads[name] for name in self.parameters()}
 
     def loss_and_grads(self, tokens, targets, *, stats=False):
         """Mean cross-entropy over every position and every parameter's gradient (and, with

@@ -18,6 +18,7 @@ import numpy as np
 
 from .._validate import as_float_array, fail, validate_positive_int
 from ..softmax import softmax
+from ..variants.entropy import attention_entropy
 from .train import Adam
 
 __all__ = ["best_rank_fit", "fit_heads", "total_variation"]
@@ -108,7 +109,7 @@ def fit_heads(target, h: int, d_k: int, *, steps: int = 500, lr: float = 0.05, r
     rng = np.random.default_rng(rng)
     params = {"A": 0.5 * rng.normal(size=(h, T, d_k)), "B": 0.5 * rng.normal(size=(h, S, d_k))}
     opt = Adam(params, lr=lr)
-    entropy = -(p * np.log(p)).sum(axis=-1).mean()
+    entropy = attention_entropy(p).mean()
     history = np.empty(steps)
     for step in range(steps):
         P = softmax(params["A"] @ np.swapaxes(params["B"], -1, -2))  # (h, T, S)

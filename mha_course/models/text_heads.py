@@ -41,7 +41,7 @@ from .._validate import fail
 from .corpus import eval_windows
 from .gpt_fast import fast_logits
 from .specialisation import pattern_score
-from .tiny_model import cross_entropy
+from .tiny_model import cross_entropy, token_losses
 
 __all__ = ["TEXT_PATTERNS", "ablation_losses", "copy_losses", "per_position_losses",
            "repeat_scores", "repeated_windows", "text_pattern_keys", "text_pattern_scores",
@@ -144,10 +144,7 @@ def uniform_baseline(texts) -> dict[str, float]:
 
 def per_position_losses(model, x, y, head_mask=None) -> np.ndarray:
     """Cross-entropy of every target, shape (B, T), in nats."""
-    logits = fast_logits(model, x, head_mask=head_mask)  # (B, T, V)
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    log_z = np.log(np.exp(shifted).sum(axis=-1))
-    return log_z - np.take_along_axis(shifted, np.asarray(y)[..., None], axis=-1)[..., 0]
+    return token_losses(fast_logits(model, x, head_mask=head_mask), y)  # (B, T, V) -> (B, T)
 
 
 def ablation_losses(model, x, y) -> tuple[float, np.ndarray]:
@@ -160,10 +157,9 @@ def ablation_losses(model, x, y) -> tuple[float, np.ndarray]:
         ``loss(head_mask with head (i, j) = 0) − loss``.
     """
     c = model.config
-    ones = np.ones(y.shape)
 
     def loss(mask):
-        return cross_entropy(fast_logits(model, x, head_mask=mask), y, ones)[0]
+        return cross_entropy(fast_logits(model, x, head_mask=mask), y)[0]
 
     full = loss(None)
     rise = np.zeros((c.n_layers, c.h))

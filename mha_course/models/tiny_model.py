@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._validate import fail, validate_positive_int
+from .._validate import fail, fmt_shape, validate_positive_int
 from ..attention import causal_mask
 from ..heads import project
 from ..multihead import MultiHeadAttention
 from ..softmax import log_softmax
 
-__all__ = ["TinyTransformer", "accuracy", "cross_entropy", "head_label"]
+__all__ = ["TinyTransformer", "accuracy", "cross_entropy", "head_label", "token_losses"]
 
 
 def head_label(layer: int, head: int) -> str:
@@ -38,28 +38,33 @@ def head_label(layer: int, head: int) -> str:
     return f"L{layer}H{head}"
 
 
-def cross_entropy(logits, targets, weights) -> tuple[float, np.ndarray]:
+def cross_entropy(logits, targets, weights=None) -> tuple[float, np.ndarray]:
     """Mean cross-entropy over the scored positions, and its gradient with respect to the logits.
 
     ``loss = Σ w · (−log softmax(logits)[target]) / Σ w``; its gradient is
-    ``w · (softmax(logits) − onehot(target)) / Σ w``.
+    ``w · (softmax(logits) − onehot(target)) / Σ w``. The one cross-entropy of the models wing
+    (the tiny model, the GPTs, their fast path and lesson 09's per-head losses).
 
     Parameters
     ----------
-    logits : ndarray of float, shape (B, T, V)
-    targets : ndarray of int, shape (B, T)
-    weights : ndarray of float, shape (B, T)
-        1 where a position is scored, 0 elsewhere (at least one must be positive).
+    logits : ndarray of float, shape (..., V)
+        (B, T, V) for a batch of sequences; any leading axes.
+    targets : ndarray of int, shape (...)
+        Each in ``0 .. V-1``.
+    weights : ndarray of float, shape (...), optional
+        1 where a position is scored, 0 elsewhere (at least one must be positive); every
+        position is scored when omitted.
 
     Returns
     -------
     loss : float
-    dlogits : ndarray, shape (B, T, V)
+    dlogits : ndarray, shape (..., V)
 
     Raises
     ------
     ValueError
-        If the shapes disagree or no position is scored.
+        If the shapes disagree, a target is not an integer in ``0 .. V-1``, or no position is
+        scored.
 
     Examples
     --------
@@ -68,21 +73,53 @@ def cross_entropy(logits, targets, weights) -> tuple[float, np.ndarray]:
     (1.3863, (1, 2, 4))
     """
     func = "cross_entropy"
-    logits, targets, weights = np.asarray(logits), np.asarray(targets), np.asarray(weights)
-    if logits.ndim != 3 or targets.shape != logits.shape[:2] or weights.shape != targets.shape:
+    logits, targets = _logits_and_targets(func, logits, targets)
+    weights = np.ones(targets.shape) if weights is None else np.asarray(weights)
+    if weights.shape != targets.shape:
         raise fail(func, f"logits {logits.shape}, targets {targets.shape}, weights "
-                         f"{weights.shape}; expected (B, T, V), (B, T), (B, T)")
+                         f"{weights.shape}; expected (..., V), (...), (...)")
     total = weights.sum()
     if not total > 0:
         raise fail(func, "weights has no positive entry: no position is scored")
-    logp = log_softmax(logits)  # (B, T, V)
-    picked = np.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]  # (B, T)
-    loss = float(-(weights * picked).sum() / total)
-    dlogits = np.exp(logp)  # softmax, (B, T, V)
+    logp = log_softmax(logits)  # (..., V)
+    loss = float((weights * _picked_losses(logp, targets)).sum() / total)
+    dlogits = np.exp(logp)  # softmax, (..., V)
     np.put_along_axis(dlogits, targets[..., None],
                       np.take_along_axis(dlogits, targets[..., None], axis=-1) - 1, axis=-1)
     dlogits *= (weights / total)[..., None]  # unscored positions get no gradient
     return loss, dlogits
+
+
+def token_losses(logits, targets) -> np.ndarray:
+    """The cross-entropy of every target, ``−log softmax(logits)[target]`` in nats: the terms
+    :func:`cross_entropy` averages, shape (...) for logits (..., V) and targets (...).
+
+    Examples
+    --------
+    >>> token_losses(np.log([[0.5, 0.25, 0.25]]), np.array([1])).round(4).tolist()
+    [1.3863]
+    """
+    logits, targets = _logits_and_targets("token_losses", logits, targets)
+    return _picked_losses(log_softmax(logits), targets)
+
+
+def _logits_and_targets(func, logits, targets) -> tuple[np.ndarray, np.ndarray]:
+    """``logits`` (..., V) and integer ``targets`` (...) in ``0 .. V-1``, checked, as arrays."""
+    logits, targets = np.asarray(logits), np.asarray(targets)
+    if logits.ndim < 1 or targets.shape != logits.shape[:-1]:
+        raise fail(func, f"logits has shape {fmt_shape(logits.shape)} and targets "
+                         f"{fmt_shape(targets.shape)}; expected (..., V) and (...)")
+    if targets.dtype.kind not in "iu" or (targets.size and not (
+            0 <= targets.min() and targets.max() < logits.shape[-1])):
+        raise fail(func, f"targets must be integers in 0 .. {logits.shape[-1] - 1} (V = "
+                         f"{logits.shape[-1]}); got dtype {targets.dtype}"
+                         + (f", range {targets.min()} .. {targets.max()}" if targets.size else ""))
+    return logits, targets
+
+
+def _picked_losses(logp, targets) -> np.ndarray:
+    """``−logp[..., target]``: (..., V) log-probabilities, (...) targets -> (...)."""
+    return -np.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
 
 
 def accuracy(logits, targets, weights) -> float:

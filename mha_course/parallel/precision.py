@@ -13,7 +13,7 @@ instead of asserting it.
 
 FlashAttention-3 (Shah et al. 2024, arXiv:2407.08608) runs attention's matrix products in FP8
 with two tricks, both here: **block quantisation** (one scale per block of rows instead of one per
-tensor: :func:`quantize`) and **incoherent processing** (multiply ``q`` and ``k`` by the same
+tensor: :func:`block_quantize`) and **incoherent processing** (multiply ``q`` and ``k`` by the same
 random orthogonal matrix, which leaves ``q kᵀ`` unchanged and spreads an outlier channel over
 every channel before rounding; a Hadamard matrix with random signs is one, cheap to apply:
 :func:`random_hadamard`).
@@ -143,7 +143,7 @@ def attention_steps(q, k, v, *, scores_acc="float32", scores_store="float32",
 
 
 # --------------------------------------------------------------------------------- FP8 tricks
-def quantize(x, fmt="float8_e4m3fn", block=None) -> np.ndarray:
+def block_quantize(x, fmt="float8_e4m3fn", block=None) -> np.ndarray:
     """``x`` through an FP8 (or other) format with a scale, back in float32.
 
     One scale ``amax / max(fmt)`` for the whole tensor (``block=None``), or one per block of
@@ -154,10 +154,12 @@ def quantize(x, fmt="float8_e4m3fn", block=None) -> np.ndarray:
     Examples
     --------
     >>> x = np.array([[0.001], [1000.0]])
-    >>> bool(quantize(x, block=None)[0, 0] == 0.0), bool(quantize(x, block=1)[0, 0] > 0)
-    (True, True)
+    >>> bool(block_quantize(x, block=None)[0, 0] == 0.0)
+    True
+    >>> bool(block_quantize(x, block=1)[0, 0] > 0)
+    True
     """
-    func = "quantize"
+    func = "block_quantize"
     x = as_float_array(func, "x", x).astype(np.float32)
     top = format_info(fmt)["max"]
     if block is None:
@@ -203,11 +205,11 @@ def random_hadamard(d, rng=None) -> np.ndarray:
 
 def fp8_attention(q, k, v, *, fmt="float8_e4m3fn", block=None, rotate=None) -> np.ndarray:
     """Attention whose ``q``, ``k`` and ``v`` pass through ``fmt`` (scaled per tensor or per
-    ``block`` of tokens, :func:`quantize`), the rest in float32; ``rotate`` (a ``(d_k, d_k)``
-    orthogonal matrix) multiplies ``q`` and ``k`` before they are quantised.
+    ``block`` of tokens, :func:`block_quantize`), the rest in float32; ``rotate`` (a
+    ``(d_k, d_k)`` orthogonal matrix) multiplies ``q`` and ``k`` before they are quantised.
     Shapes: q (..., T, d_k), k (..., S, d_k), v (..., S, d_v) -> (..., T, d_v)."""
     if rotate is not None:
         q, k = q @ rotate, k @ rotate
-    qq, kq, vq = (quantize(a, fmt, block) for a in (q, k, v))
+    qq, kq, vq = (block_quantize(a, fmt, block) for a in (q, k, v))
     scores = qq @ np.swapaxes(kq, -1, -2) / np.float32(math.sqrt(q.shape[-1]))
     return softmax(scores) @ vq

@@ -30,6 +30,7 @@ import numpy as np
 
 from .. import tiled_attention
 from .._validate import fail, validate_positive_int
+from ..heads import group_heads, kv_for_groups
 from .collectives import Meta, is_meta
 
 #: The sequence layouts :func:`sequence_layout` knows.
@@ -119,8 +120,7 @@ def grouped(q, k, v):
     if h % g:
         raise fail("ring_attention", f"q has {h} heads and k {g}: the K/V heads must divide "
                                      "the query heads")
-    return (q.reshape(*q.shape[:-3], g, h // g, *q.shape[-2:]), k[..., None, :, :],
-            v[..., None, :, :])
+    return group_heads(q, g), kv_for_groups(k), kv_for_groups(v)
 
 
 def block_attention(q, k, v, q_pos, k_pos, causal: bool, pairs=None):

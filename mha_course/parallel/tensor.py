@@ -211,18 +211,19 @@ class TensorParallelGPT:
     rows, two all-reduces per block; the embedding, the norms and the output head replicated.
 
     The model is taken by duck typing: lesson 09's :class:`~mha_course.models.gpt.GPT` (or
-    anything with its ``config`` (``eps``), ``W_E``, ``blocks`` (one
-    :class:`~mha_course.MultiHeadAttention` each), ``mlp`` (dicts with ``attn_norm``,
-    ``mlp_norm``, ``W_gate``, ``W_up``, ``W_down``), ``norm_f`` and ``W_U``), whose forward is
+    anything with its ``config`` (``eps``), ``W_E``, ``blocks`` (each with ``attn``, a
+    :class:`~mha_course.MultiHeadAttention`, and ``attn_norm``, ``mlp_norm``, ``W_gate``,
+    ``W_up``, ``W_down``: a :class:`~mha_course.block.PreNormBlock`), ``norm_f`` and ``W_U``),
+    whose forward is
     pre-norm: ``x += attention(rms_norm(x))``, ``x += swiglu(rms_norm(x))``, then
     ``rms_norm(x) @ W_U``.
     """
 
     def __init__(self, model, p):
         self.model, self.p = model, validate_positive_int("TensorParallelGPT", "p", p)
-        self.attention = [TensorParallelAttention(block, self.p) for block in model.blocks]
-        self.mlps = [TensorParallelSwiGLU(m["W_gate"], m["W_up"], m["W_down"], self.p)
-                     for m in model.mlp]
+        self.attention = [TensorParallelAttention(block.attn, self.p) for block in model.blocks]
+        self.mlps = [TensorParallelSwiGLU(b.W_gate, b.W_up, b.W_down, self.p)
+                     for b in model.blocks]
 
     def forward(self, cluster, tokens) -> list:
         """Logits (..., T, V) on every device. The residual stream is replicated: after each
@@ -232,10 +233,10 @@ class TensorParallelGPT:
         tokens = np.asarray(tokens)
         mask = causal_mask(tokens.shape[-1])
         x = m.W_E[tokens]  # (..., T) -> (..., T, d_model), on every device
-        for attention, mlp, norms in zip(self.attention, self.mlps, m.mlp, strict=True):
-            outs = attention.forward(cluster, rms_norm(x, norms["attn_norm"], eps), mask)
+        for attention, mlp, block in zip(self.attention, self.mlps, m.blocks, strict=True):
+            outs = attention.forward(cluster, rms_norm(x, block.attn_norm, eps), mask)
             x = x + outs[0]
-            outs = mlp.forward(cluster, rms_norm(x, norms["mlp_norm"], eps))
+            outs = mlp.forward(cluster, rms_norm(x, block.mlp_norm, eps))
             x = x + outs[0]
         logits = rms_norm(x, m.norm_f, eps) @ m.W_U
         return [logits] * self.p

@@ -1,4 +1,4 @@
-"""A decoder-only model as a server sees it: weights by name, run chunk by chunk over a cache.
+"""A decoder-only model as a server sees it: its blocks, run chunk by chunk over a cache.
 
 Taught in ``notebooks/10_serving.ipynb``. Lesson 09's GPT (``mha_course.models.gpt``) is a
 pre-norm decoder: a token embedding, blocks of ``x + attn(rms_norm(x))`` and
@@ -6,86 +6,50 @@ pre-norm decoder: a token embedding, blocks of ``x + attn(rms_norm(x))`` and
 (causal, RoPE, GQA), a final RMSNorm and an output head. A server needs more ways to run it than
 the model offers: over a *paged* cache shared by many sequences, over a quantised or an evicting
 cache, a ragged batch of chunks of different lengths in one pass, a cache it can roll back.
-:class:`Decoder` holds the same weights (read from the model's parameters by duck typing,
-:meth:`Decoder.from_model`, or random ones for tests, :meth:`Decoder.random`) and runs them two
+:class:`Decoder` holds the same weights under the same names (``W_E``, ``blocks`` of
+:class:`~mha_course.block.PreNormBlock`, ``norm_f``, ``W_U``): the model's own blocks,
+:meth:`Decoder.from_model`, or random ones for tests, :meth:`Decoder.random`. It runs them two
 ways:
 
 - :meth:`Decoder.forward`: the whole sequence at once through each layer's own
   ``MultiHeadAttention.forward`` with a causal mask (the reference);
 - :meth:`Decoder.step` / :meth:`Decoder.step_many`: new tokens over a cache. Every layer
   projects the new tokens of *all* sequences in one matrix product (a server's flattened batch)
-  and hands each sequence's queries, keys and values to that sequence's cache, which stores
-  them and attends (``cache.attend``). Any object with ``length`` (positions already stored),
+  (the layer's own projection, ``MultiHeadAttention._project``) and hands each sequence's
+  queries, keys and values to that sequence's cache, which stores them and attends
+  (``cache.attend``, with the layer's RoPE and :func:`~mha_course.multihead.attend_heads`). Any
+  object with ``length`` (positions already stored),
   ``attend(layer, q, k, v)`` and ``advance(n)`` is a cache: :class:`ContiguousCache` here, the
   paged, quantised and evicting caches in the other modules of this wing.
 
 Keys and values reach the cache *unrotated*, with RoPE applied by the cache
-(:func:`rotate`), so that a cache that evicts positions can choose which positions its keys
-sit at (StreamingLLM's positions inside the cache). A cache that keeps every position rotates
-each key once, at its true position, as lesson 06 §3 does.
+(the layer's ``_rope``), so that a cache that evicts positions can choose which positions its
+keys sit at (StreamingLLM's positions inside the cache). A cache that keeps every position
+rotates each key once, at its true position, as lesson 06 §3 does: :class:`ContiguousCache` is a
+:class:`~mha_course.KVCache` per layer and attends through the layer's own cached step.
 """
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
-from .._validate import fail, refuse_layer_scale, validate_positive_int
-from ..attention import causal_mask, scaled_dot_product_attention
-from ..block import rms_norm, swiglu
-from ..heads import group_heads, kv_for_groups, merge_heads, split_heads, ungroup_heads
+from .._validate import fail, validate_positive_int
+from ..attention import causal_mask
+from ..block import PreNormBlock, rms_norm
+from ..heads import merge_heads
+from ..kv_cache import KVCache
 from ..multihead import MultiHeadAttention
-from ..positions import apply_rope
-
-
-def rotate(attn, x, start: int):
-    """RoPE for ``x`` (..., T, d) at positions ``start .. start + T - 1`` in ``attn``'s layout.
-
-    ``x`` itself when the layer has no RoPE. ``start`` may also be an array of T positions.
-    """
-    if attn.rope is None:
-        return x
-    positions = np.arange(start, start + x.shape[-2]) if np.ndim(start) == 0 else start
-    return apply_rope(x, np.asarray(positions), base=attn.rope_base, layout=attn.rope)
-
-
-def linear(x, W, b=None):
-    """``x @ W (+ b)``: x (N, d_in), W (d_in, d_out), b (d_out,) or None -> (N, d_out)."""
-    y = x @ W
-    return y if b is None else y + b
-
-
-def attend_groups(q, k, v, mask=None):
-    """Attention of ``h`` query heads over ``g`` K/V heads, as ``decode_step`` groups them.
-
-    q (..., h, T, d_k), k (..., g, S, d_k), v (..., g, S, d_v), mask broadcastable to (T, S)
-    -> heads (..., h, T, d_v), weights (..., h, T, S).
-    """
-    g = k.shape[-3]
-    heads, weights = scaled_dot_product_attention(
-        group_heads(q, g), kv_for_groups(k), kv_for_groups(v), mask=mask)  # (..., g, h/g, T, .)
-    return ungroup_heads(heads), ungroup_heads(weights)
-
-
-class DecoderLayer:
-    """One pre-norm block: its attention layer, two RMSNorm weights and a SwiGLU MLP."""
-
-    def __init__(self, attn: MultiHeadAttention, norm_attn, norm_mlp, W_gate, W_up, W_down,
-                 eps: float = 1e-5):
-        self.attn, self.eps = refuse_layer_scale("DecoderLayer", attn, "attn"), float(eps)
-        self.norm_attn, self.norm_mlp = np.asarray(norm_attn), np.asarray(norm_mlp)
-        self.W_gate, self.W_up, self.W_down = (np.asarray(W) for W in (W_gate, W_up, W_down))
-
-    def mlp(self, x):
-        """``x + swiglu(rms_norm(x))``'s second term, (N, d_model) -> (N, d_model)."""
-        return swiglu(rms_norm(x, self.norm_mlp, self.eps), self.W_gate, self.W_up, self.W_down)
 
 
 class ContiguousCache:
     """The cache of one sequence generated alone (or of ``batch`` sequences of equal length):
-    per layer, every key and value in order.
+    one :class:`~mha_course.KVCache` per layer, every key and value in order.
 
     Keys are stored rotated at their positions, shape (g, S, d_k), or (batch, g, S, d_k) with
-    ``batch`` (for :meth:`Decoder.step_batch`). :meth:`truncate` drops the last positions
+    ``batch`` (for :meth:`Decoder.step_batch`); each layer attends through its
+    ``MultiHeadAttention``'s own cached step. :meth:`truncate` drops the last positions
     (speculative decoding rolls rejected drafts back with it).
 
     Examples
@@ -102,26 +66,26 @@ class ContiguousCache:
         self.decoder = decoder
         self.length = 0
         lead = () if batch is None else (validate_positive_int("ContiguousCache", "batch", batch),)
-        dtype = decoder.embedding.dtype  # a float32 model's cache stays float32
-        self.keys = [np.empty((*lead, l.attn.n_kv_heads, 0, l.attn.d_k), dtype)
-                     for l in decoder.layers]
-        self.values = [np.empty((*lead, l.attn.n_kv_heads, 0, l.attn.d_v), dtype)
-                       for l in decoder.layers]
+        dtype = decoder.W_E.dtype  # a float32 model's cache stays float32
+        self.caches = [KVCache(block.attn, lead, dtype=dtype) for block in decoder.blocks]
+
+    @property
+    def keys(self) -> list[np.ndarray]:
+        """Per layer, the stored (rotated) keys (..., g, S, d_k)."""
+        return [c.keys for c in self.caches]
+
+    @property
+    def values(self) -> list[np.ndarray]:
+        """Per layer, the stored values (..., g, S, d_v)."""
+        return [c.values for c in self.caches]
 
     def attend(self, layer: int, q, k, v):
         """Store the chunk's keys and values (T new positions) and attend over all of them.
 
         q (..., h, T, d_k), k (..., g, T, d_k), v (..., g, T, d_v), unrotated -> heads
-        (..., h, T, d_v).
+        (..., h, T, d_v): the middle of ``MultiHeadAttention.step``.
         """
-        attn = self.decoder.layers[layer].attn
-        q, k = rotate(attn, q, self.length), rotate(attn, k, self.length)
-        dtype = np.result_type(k, self.keys[layer])
-        self.keys[layer] = np.concatenate([self.keys[layer].astype(dtype, copy=False), k], -2)
-        self.values[layer] = np.concatenate([self.values[layer].astype(dtype, copy=False), v],
-                                            -2)
-        T, S = q.shape[-2], self.keys[layer].shape[-2]
-        return attend_groups(q, self.keys[layer], self.values[layer], causal_mask(T, S))[0]
+        return self.decoder.blocks[layer].attn._attend_cached(q, k, v, self.caches[layer])[0]
 
     def advance(self, n: int) -> None:
         """``n`` new positions are now stored in every layer."""
@@ -129,11 +93,8 @@ class ContiguousCache:
 
     def truncate(self, length: int) -> None:
         """Keep the first ``length`` positions of every layer (0 <= length <= self.length)."""
-        if not 0 <= length <= self.length:
-            raise fail("ContiguousCache.truncate", f"length={length} must be between 0 and "
-                       f"the {self.length} positions stored")
-        self.keys = [k[..., :length, :] for k in self.keys]
-        self.values = [v[..., :length, :] for v in self.values]
+        for c in self.caches:
+            c.truncate(length, "ContiguousCache.truncate")
         self.length = length
 
 
@@ -142,11 +103,13 @@ class Decoder:
 
     Parameters
     ----------
-    embedding : ndarray, shape (vocab, d_model)
-    layers : list of DecoderLayer
-    norm_final : ndarray, shape (d_model,)
-    W_out : ndarray, shape (d_model, vocab)
-        The output head (``embedding.T`` for tied weights).
+    W_E : ndarray, shape (vocab, d_model)
+        The token embedding.
+    blocks : list of PreNormBlock
+        Lesson 09's blocks (``GPT.blocks``), each with its ``MultiHeadAttention``.
+    norm_f : ndarray, shape (d_model,)
+    W_U : ndarray, shape (d_model, vocab)
+        The output head (``W_E.T`` for tied weights).
     eps : float, default 1e-5
         RMSNorm's epsilon.
 
@@ -161,15 +124,15 @@ class Decoder:
     ((5, 13), True)
     """
 
-    def __init__(self, embedding, layers, norm_final, W_out, eps: float = 1e-5):
-        self.embedding = np.asarray(embedding)
-        self.layers = list(layers)
-        self.norm_final = np.asarray(norm_final)
-        self.W_out = np.asarray(W_out)
+    def __init__(self, W_E, blocks, norm_f, W_U, eps: float = 1e-5):
+        self.W_E = np.asarray(W_E)
+        self.blocks = list(blocks)
+        self.norm_f = np.asarray(norm_f)
+        self.W_U = np.asarray(W_U)
         self.eps = float(eps)
-        for layer in self.layers:
-            layer.eps = self.eps
-        self.vocab, self.d_model = self.embedding.shape
+        for block in self.blocks:
+            block.eps = self.eps
+        self.vocab, self.d_model = self.W_E.shape
 
     # ------------------------------------------------------------------ building one
     @classmethod
@@ -189,31 +152,41 @@ class Decoder:
         def normal(n_in, n_out):
             return (rng.normal(size=(n_in, n_out)) / np.sqrt(n_in)).astype(dtype)
 
-        layers = []
+        blocks = []
         for _ in range(n_layers):
             attn = MultiHeadAttention(d_model, h, n_kv_heads=n_kv_heads, rope=rope, rng=rng)
             for name, W in attn.parameters().items():
                 setattr(attn, name, W.astype(dtype))
             ones = np.ones(d_model, dtype)
-            layers.append(DecoderLayer(attn, ones, ones, normal(d_model, d_ff),
+            blocks.append(PreNormBlock(attn, ones, ones, normal(d_model, d_ff),
                                        normal(d_model, d_ff), normal(d_ff, d_model)))
-        embedding = rng.normal(size=(vocab, d_model)).astype(dtype)
-        return cls(embedding, layers, np.ones(d_model, dtype), normal(d_model, vocab))
+        W_E = rng.normal(size=(vocab, d_model)).astype(dtype)
+        return cls(W_E, blocks, np.ones(d_model, dtype), normal(d_model, vocab))
 
     @classmethod
     def from_model(cls, model):
-        """The decoder of a model with lesson 09's structure, read by duck typing.
+        """The decoder of lesson 09's GPT: its own blocks and arrays, shared, not copied.
 
-        The model needs ``blocks`` (each with ``attn``, a :class:`MultiHeadAttention`, the two
-        norm weights and the MLP weights) or an equivalent parameter dict; see
-        :func:`decoder_weights_of` for the names tried.
+        Duck typing, so the serving wing never imports the models wing: the model needs
+        ``W_E``, ``blocks`` (:class:`~mha_course.block.PreNormBlock` each), ``norm_f``, ``W_U``
+        and ``config.eps``.
+
+        Raises
+        ------
+        ValueError
+            If the model lacks one of these.
         """
-        return cls(*decoder_weights_of(model))
+        try:
+            return cls(model.W_E, model.blocks, model.norm_f, model.W_U, model.config.eps)
+        except AttributeError as err:
+            raise fail("Decoder.from_model", f"cannot read the blocks of a "
+                       f"{type(model).__name__} ({err}); expected lesson 09's GPT: W_E, blocks "
+                       "(PreNormBlock each), norm_f, W_U and config.eps") from None
 
     # -------------------------------------------------------------------- running it
     @property
     def n_layers(self) -> int:
-        return len(self.layers)
+        return len(self.blocks)
 
     def _tokens(self, func: str, tokens) -> np.ndarray:
         tokens = np.asarray(tokens)
@@ -228,12 +201,15 @@ class Decoder:
     def forward(self, tokens) -> np.ndarray:
         """Logits of every position, the whole sequence at once: tokens (T,) -> (T, vocab)."""
         tokens = self._tokens("Decoder.forward", tokens)
-        x = self.embedding[tokens]  # (T, d_model)
+        x = self.W_E[tokens]  # (T, d_model)
         mask = causal_mask(len(tokens))
-        for layer in self.layers:
-            x = x + layer.attn.forward(rms_norm(x, layer.norm_attn, self.eps), mask=mask)[0]
-            x = x + layer.mlp(x)
-        return rms_norm(x, self.norm_final, self.eps) @ self.W_out
+        for block in self.blocks:
+            x = block(x, mask)  # each block's own forward, causal
+        return self._logits(x)
+
+    def _logits(self, x):
+        """The final RMSNorm and the output head: (..., d_model) -> (..., vocab)."""
+        return rms_norm(x, self.norm_f, self.eps) @ self.W_U
 
     def step(self, tokens, cache) -> np.ndarray:
         """Logits of ``tokens`` (T,) appended to ``cache`` -> (T, vocab); the cache grows by T."""
@@ -252,20 +228,19 @@ class Decoder:
         if tokens.ndim != 2:
             raise fail("Decoder.step_batch", f"tokens has shape {tokens.shape}; expected (B, T)")
         B, T = tokens.shape
-        x = self.embedding[tokens.reshape(-1)]  # (B·T, d_model): one row per token
-        for li, layer in enumerate(self.layers):
-            attn = layer.attn
-            a = rms_norm(x, layer.norm_attn, self.eps)
-            q, k, v = (linear(a, W, b).reshape(B, T, -1) for W, b in (
-                (attn.W_q, attn.b_q), (attn.W_k, attn.b_k), (attn.W_v, attn.b_v)))
-            q = split_heads(q, attn.h)  # (B, T, h·d_k) -> (B, h, T, d_k)
-            k = split_heads(k, attn.n_kv_heads)  # (B, g, T, d_k)
-            v = split_heads(v, attn.n_kv_heads)  # (B, g, T, d_v)
-            heads = merge_heads(cache.attend(li, q, k, v)).reshape(B * T, -1)  # (B·T, h·d_v)
-            x = x + linear(heads, attn.W_o, attn.b_o)
-            x = x + layer.mlp(x)
+        x = self.W_E[tokens.reshape(-1)]  # (B·T, d_model): one row per token
+        for li, block in enumerate(self.blocks):
+            x = block(x, attention=functools.partial(self._batch_attention, li, cache, B, T))
         cache.advance(T)
-        return (rms_norm(x, self.norm_final, self.eps) @ self.W_out).reshape(B, T, -1)
+        return self._logits(x).reshape(B, T, -1)
+
+    def _batch_attention(self, li: int, cache, B: int, T: int, a):
+        """Block ``li``'s attention for :meth:`step_batch`: a (B·T, d_model) -> (B·T, d_model),
+        every product a 2-d one, attention batched by the cache."""
+        attn = self.blocks[li].attn
+        qkv = (p.reshape(B, T, -1) for p in attn._project(a, a, a.dtype))  # (B, T, n·d)
+        heads = cache.attend(li, *attn._heads(*qkv))  # (B, h, T, d_v)
+        return attn._output(merge_heads(heads).reshape(B * T, -1), a.dtype)
 
     def step_many(self, chunks, caches, last_only: bool = False) -> list[np.ndarray]:
         """One pass over a ragged batch: ``chunks[i]`` (T_i,) appended to ``caches[i]``.
@@ -286,50 +261,46 @@ class Decoder:
         if any(len(c) == 0 for c in chunks):
             raise fail(func, "every chunk needs at least one token")
         bounds = np.cumsum([0] + [len(c) for c in chunks])
-        x = self.embedding[np.concatenate(chunks)]  # (N, d_model), N = ΣT_i
-        for li, layer in enumerate(self.layers):
-            attn = layer.attn
-            a = rms_norm(x, layer.norm_attn, self.eps)
-            q_all, k_all, v_all = (linear(a, W, b) for W, b in (
-                (attn.W_q, attn.b_q), (attn.W_k, attn.b_k), (attn.W_v, attn.b_v)))
-            heads = []
-            for i, cache in enumerate(caches):
-                s = slice(bounds[i], bounds[i + 1])
-                q = split_heads(q_all[s], attn.h)  # (h, T_i, d_k)
-                k = split_heads(k_all[s], attn.n_kv_heads)  # (g, T_i, d_k)
-                v = split_heads(v_all[s], attn.n_kv_heads)  # (g, T_i, d_v)
-                heads.append(merge_heads(cache.attend(li, q, k, v)))  # (T_i, h*d_v)
-            x = x + linear(np.concatenate(heads), attn.W_o, attn.b_o)  # (N, d_model)
-            x = x + layer.mlp(x)
+        x = self.W_E[np.concatenate(chunks)]  # (N, d_model), N = ΣT_i
+        for li, block in enumerate(self.blocks):
+            x = block(x, attention=functools.partial(self._ragged_attention, li, caches, bounds))
         for cache, chunk in zip(caches, chunks, strict=True):
             cache.advance(len(chunk))
         if last_only:
-            x = x[bounds[1:] - 1]  # (n_chunks, d_model): the last token of each chunk
-            return list(rms_norm(x, self.norm_final, self.eps) @ self.W_out)
-        logits = rms_norm(x, self.norm_final, self.eps) @ self.W_out  # (N, vocab)
+            return list(self._logits(x[bounds[1:] - 1]))  # the last token of each chunk
+        logits = self._logits(x)  # (N, vocab)
         return [logits[bounds[i]:bounds[i + 1]] for i in range(len(chunks))]
+
+    def _ragged_attention(self, li: int, caches, bounds, a):
+        """Block ``li``'s attention for :meth:`step_many`: a (N, d_model) -> (N, d_model); one
+        product per weight for all N tokens, attention per sequence by its cache."""
+        attn = self.blocks[li].attn
+        q_all, k_all, v_all = attn._project(a, a, a.dtype)  # (N, h·d_k | g·d_k | g·d_v)
+        heads = []
+        for i, cache in enumerate(caches):
+            s = slice(bounds[i], bounds[i + 1])
+            qkv = attn._heads(q_all[s], k_all[s], v_all[s])  # (h | g, T_i, d)
+            heads.append(merge_heads(cache.attend(li, *qkv)))  # (T_i, h·d_v)
+        return attn._output(np.concatenate(heads), a.dtype)  # (N, d_model)
 
     # ------------------------------------------------------------------- sizes
     def parameters(self) -> dict[str, np.ndarray]:
         """Every weight by name, as lesson 09's ``GPT.parameters()`` names them (``W_E``,
         ``L{i}.attn_norm``, ``L{i}.W_q`` .. ``L{i}.W_down``, ``norm_f``, ``W_U``)."""
-        params = {"W_E": self.embedding}
-        for i, l in enumerate(self.layers):
-            params[f"L{i}.attn_norm"] = l.norm_attn
-            params.update({f"L{i}.{name}": W for name, W in l.attn.parameters().items()})
-            params.update({f"L{i}.mlp_norm": l.norm_mlp, f"L{i}.W_gate": l.W_gate,
-                           f"L{i}.W_up": l.W_up, f"L{i}.W_down": l.W_down})
-        return {**params, "norm_f": self.norm_final, "W_U": self.W_out}
+        params = {"W_E": self.W_E}
+        for i, block in enumerate(self.blocks):
+            params.update({f"L{i}.{name}": W for name, W in block.parameters().items()})
+        return {**params, "norm_f": self.norm_f, "W_U": self.W_U}
 
     def parameter_count(self, embedding: bool = True) -> int:
         """Parameters; ``embedding=False`` leaves out the embedding table, of which a step
         reads only the rows of its tokens."""
         n = sum(p.size for p in self.parameters().values())
-        return n - (0 if embedding else self.embedding.size)
+        return n - (0 if embedding else self.W_E.size)
 
     def weight_bytes(self) -> int:
         """Bytes a decode step reads for the weights: all but the embedding table."""
-        return self.parameter_count(embedding=False) * self.embedding.dtype.itemsize
+        return self.parameter_count(embedding=False) * self.W_E.dtype.itemsize
 
 
 def generate_alone(decoder: Decoder, prompt, n_new: int, *, temperature: float = 0.0,
@@ -359,40 +330,15 @@ def probabilities(logits, temperature: float = 1.0) -> np.ndarray:
     return z / z.sum(axis=-1, keepdims=True)
 
 
-def sample_token(logits, temperature: float, rng) -> int:
-    """Greedy (``temperature=0``: the argmax) or one draw by the inverse CDF of one uniform."""
-    if temperature == 0:
-        return int(np.argmax(logits))
-    cdf = np.cumsum(probabilities(logits, temperature))
+def draw(dist, rng) -> int:
+    """One id from ``dist`` (V,) (weights, not necessarily normalised) by the inverse CDF of one
+    uniform number: the first id whose cumulative weight exceeds ``u · total``."""
+    cdf = np.cumsum(dist)
     return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(cdf) - 1))
 
 
-def decoder_weights_of(model):
-    """``(embedding, layers, norm_final, W_out, eps)`` of a model built like lesson 09's GPT.
-
-    Duck typing, so the serving wing never imports the models wing: the model's
-    ``parameters()`` dict names ``W_E`` (vocab, d_model), per block ``i`` ``L{i}.attn_norm``,
-    ``L{i}.mlp_norm``, ``L{i}.W_gate``, ``L{i}.W_up``, ``L{i}.W_down``, then ``norm_f`` and
-    ``W_U`` (d_model, vocab); ``model.blocks[i]`` is block ``i``'s
-    :class:`~mha_course.MultiHeadAttention` (whose ``W_q`` .. ``W_o`` are ``L{i}.W_q`` ..);
-    ``model.config.eps`` is RMSNorm's epsilon. The arrays are shared, not copied.
-
-    Raises
-    ------
-    ValueError
-        If the model lacks one of these.
-    """
-    func = "Decoder.from_model"
-    try:
-        params, blocks = model.parameters(), list(model.blocks)
-        eps = float(getattr(model.config, "eps", 1e-5))
-        layers = [DecoderLayer(attn, params[f"L{i}.attn_norm"], params[f"L{i}.mlp_norm"],
-                               params[f"L{i}.W_gate"], params[f"L{i}.W_up"],
-                               params[f"L{i}.W_down"], eps)
-                  for i, attn in enumerate(blocks)]
-        return params["W_E"], layers, params["norm_f"], params["W_U"], eps
-    except (AttributeError, KeyError, TypeError) as err:
-        raise fail(func, f"cannot read the weights of a {type(model).__name__} ({err!r}); "
-                         "expected lesson 09's GPT: parameters() with W_E, L{i}.attn_norm, "
-                         "L{i}.mlp_norm, L{i}.W_gate, L{i}.W_up, L{i}.W_down, norm_f, W_U, "
-                         "and blocks, one MultiHeadAttention each") from None
+def sample_token(logits, temperature: float, rng) -> int:
+    """Greedy (``temperature=0``: the argmax) or one :func:`draw` from the softmax."""
+    if temperature == 0:
+        return int(np.argmax(logits))
+    return draw(probabilities(logits, temperature), rng)

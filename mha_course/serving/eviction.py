@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._validate import fail, validate_positive_int
-from .decoder import attend_groups, rotate
+from ..heads import attend_heads
 
 POLICIES = ("window", "sinks", "h2o", "snapkv")
 
@@ -111,10 +111,10 @@ class EvictingCache:
                                for t in range(q.shape[-2])], axis=-2)
 
     def _one(self, li, q, k, v, pos):
-        attn = self.decoder.layers[li].attn
+        attn = self.decoder.blocks[li].attn
         g = k.shape[-3]
         new_pos = np.full((g, 1), pos)
-        k_rot = rotate(attn, k, pos)
+        k_rot = attn._rope(k, np.array([pos]))
         if self._raw[li] is None:
             self._raw[li], self._rot[li], self._v[li], self._pos[li] = k, k_rot, v, new_pos
             self._score[li] = np.zeros((g, 1))
@@ -129,10 +129,11 @@ class EvictingCache:
             self._votes[li] = cat([self._votes[li], np.zeros((g, 1, self.obs_window))], axis=1)
         n = self._pos[li].shape[-1]
         if self.positions == "cache":  # slots 0 .. n-1 in order, the query in the last
-            keys, q = rotate(attn, self._raw[li], 0), rotate(attn, q, n - 1)
+            keys, q = attn._rope(self._raw[li]), attn._rope(q, np.array([n - 1]))
         else:
-            keys, q = self._rot[li], rotate(attn, q, pos)
-        heads, weights = attend_groups(q, keys, self._v[li])  # (h, 1, d_v), (h, 1, n)
+            keys, q = self._rot[li], attn._rope(q, np.array([pos]))
+        # (h, 1, d_v), (h, 1, n)
+        heads, weights = attend_heads(q, keys, self._v[li], None, attn.scale)
         w = weights[:, 0, :].reshape(g, -1, n).sum(axis=1)  # (g, n): summed over each group
         self._score[li] += w
         self._votes[li] = np.concatenate([self._votes[li][..., 1:], w[..., None]], axis=-1)

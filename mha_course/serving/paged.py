@@ -12,9 +12,11 @@ mask, so decoding over pages gives the same logits as the contiguous cache of on
 
 from __future__ import annotations
 
+import numpy as np
+
 from .._validate import fail, validate_positive_int
 from ..attention import causal_mask
-from .decoder import attend_groups, rotate
+from ..heads import attend_heads
 from .paged_cache import PagedKVCache
 
 
@@ -42,8 +44,8 @@ class PagedStore:
         self.decoder = decoder
         self.n_blocks = validate_positive_int(func, "n_blocks", n_blocks)
         self.block_size = validate_positive_int(func, "block_size", block_size)
-        self.pools = [PagedKVCache(layer.attn, self.n_blocks, self.block_size)
-                      for layer in decoder.layers]
+        self.pools = [PagedKVCache(block.attn, self.n_blocks, self.block_size)
+                      for block in decoder.blocks]
 
     @property
     def free_blocks(self) -> int:
@@ -105,12 +107,13 @@ class PagedSequence:
 
         q (h, T, d_k), k (g, T, d_k), v (g, T, d_v), unrotated -> heads (h, T, d_v).
         """
-        attn = self.store.decoder.layers[layer].attn
+        attn = self.store.decoder.blocks[layer].attn
         pool = self.store.pools[layer]
-        q, k = rotate(attn, q, self.length), rotate(attn, k, self.length)
+        positions = self.length + np.arange(q.shape[-2])
+        q, k = attn._rope(q, positions), attn._rope(k, positions)
         pool.append(self.seq_id, k, v)
         K, V = pool.gather(self.seq_id)  # (g, S, d_k), (g, S, d_v)
-        return attend_groups(q, K, V, causal_mask(q.shape[-2], K.shape[-2]))[0]
+        return attend_heads(q, K, V, causal_mask(q.shape[-2], K.shape[-2]), attn.scale)[0]
 
     def advance(self, n: int) -> None:
         self.length += n

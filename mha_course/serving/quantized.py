@@ -25,7 +25,7 @@ import numpy as np
 
 from .._validate import fail
 from ..attention import causal_mask
-from .decoder import attend_groups, rotate
+from ..heads import attend_heads
 
 FP8 = ml_dtypes.float8_e4m3fn
 FP8_MAX = float(ml_dtypes.finfo(FP8).max)  # 448
@@ -116,8 +116,9 @@ class QuantizedCache:
 
     def attend(self, layer: int, q, k, v):
         """q (h, T, d_k), k (g, T, d_k), v (g, T, d_v), unrotated -> heads (h, T, d_v)."""
-        attn = self.decoder.layers[layer].attn
-        q, k = rotate(attn, q, self.length), rotate(attn, k, self.length)
+        attn = self.decoder.blocks[layer].attn
+        positions = self.length + np.arange(q.shape[-2])
+        q, k = attn._rope(q, positions), attn._rope(k, positions)
         # the open group's exact keys, then the new ones: (g, n_open + T, d_k)
         K = k if self._k[layer] is None else np.concatenate([self._k[layer], k], axis=-2)
         if self.key_scheme == "int8-channel":  # close every full group of `group` tokens
@@ -134,7 +135,7 @@ class QuantizedCache:
             [self._vq[layer], vq], axis=-2)
         keys = np.concatenate([self._kq[layer], self._k[layer]], axis=-2)  # (g, S, d_k)
         S = keys.shape[-2]
-        return attend_groups(q, keys, self._vq[layer], causal_mask(q.shape[-2], S))[0]
+        return attend_heads(q, keys, self._vq[layer], causal_mask(q.shape[-2], S), attn.scale)[0]
 
     def advance(self, n: int) -> None:
         self.length += n

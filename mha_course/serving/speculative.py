@@ -31,7 +31,8 @@ from __future__ import annotations
 import numpy as np
 
 from .._validate import fail, validate_positive_int
-from .decoder import ContiguousCache, attend_groups, probabilities, rotate
+from ..heads import attend_heads
+from .decoder import ContiguousCache, draw, probabilities
 
 
 # ----------------------------------------------------------------- one position, exactly
@@ -42,7 +43,7 @@ def acceptance_probability(p, q) -> np.ndarray:
         return np.where(q > 0, np.minimum(1.0, p / np.where(q > 0, q, 1.0)), 0.0)
 
 
-def residual(p, q) -> np.ndarray:
+def residual_distribution(p, q) -> np.ndarray:
     """``norm(max(0, p - q))``: what a rejection draws from (``p`` itself when ``p = q``)."""
     p, q = np.asarray(p, float), np.asarray(q, float)
     r = np.maximum(p - q, 0.0)
@@ -50,7 +51,8 @@ def residual(p, q) -> np.ndarray:
     return np.where(total > 0, r / np.where(total > 0, total, 1.0), p)
 
 
-def output_distribution(p, q, accept=acceptance_probability, resample=residual) -> np.ndarray:
+def output_distribution(p, q, accept=acceptance_probability,
+                        resample=residual_distribution) -> np.ndarray:
     """The exact distribution of the token one verification emits at a position.
 
     The draft proposes ``x`` with probability ``q(x)``; it is kept with probability
@@ -119,13 +121,7 @@ def _choose(logits, temperature, rng):
         token = int(np.argmax(logits))
         return token, None
     q = probabilities(logits, temperature)
-    token = int(min(np.searchsorted(np.cumsum(q), rng.random(), side="right"), len(q) - 1))
-    return token, q
-
-
-def _draw(dist, rng) -> int:
-    return int(min(np.searchsorted(np.cumsum(dist), rng.random() * dist.sum(), side="right"),
-                   len(dist) - 1))
+    return draw(q, rng), q
 
 
 def verify(rows, drafts, qs, temperature: float, rng, rule=None) -> list[int]:
@@ -144,7 +140,7 @@ def verify(rows, drafts, qs, temperature: float, rng, rule=None) -> list[int]:
     >>> verify(rows, [1, 1], None, 0.0, None)   # d_1 = 1 is the argmax, d_2 = 1 is not
     [1, 0]
     """
-    accept, resample = rule or (acceptance_probability, residual)
+    accept, resample = rule or (acceptance_probability, residual_distribution)
     emitted = []
     for i, d in enumerate(drafts):
         if temperature == 0:
@@ -153,11 +149,11 @@ def verify(rows, drafts, qs, temperature: float, rng, rule=None) -> list[int]:
         else:
             p = probabilities(rows[i], temperature)
             if not rng.random() < accept(p, qs[i])[d]:
-                return emitted + [_draw(resample(p, qs[i]), rng)]
+                return emitted + [draw(resample(p, qs[i]), rng)]
         emitted.append(int(d))
     last = rows[len(drafts)]  # every draft accepted: a bonus token from the last row
     return emitted + [int(np.argmax(last)) if temperature == 0
-                      else _draw(probabilities(last, temperature), rng)]
+                      else draw(probabilities(last, temperature), rng)]
 
 
 def speculative_generate(target, draft, prompt, n_new: int, k: int, *, temperature: float = 0.0,
@@ -192,7 +188,7 @@ def speculative_generate(target, draft, prompt, n_new: int, k: int, *, temperatu
     prompt = np.asarray(prompt)
     if prompt.ndim != 1 or len(prompt) < 1:
         raise fail(func, f"prompt has shape {prompt.shape}; expected (T,) with T >= 1")
-    accept, resample = rule or (acceptance_probability, residual)
+    accept, resample = rule or (acceptance_probability, residual_distribution)
     rng = np.random.default_rng(seed)
     tc, dc = ContiguousCache(target), ContiguousCache(draft)
     if len(prompt) > 1:
@@ -275,15 +271,16 @@ class TreeView:
         self.cache, self.parents = cache, list(parents)
         self.length = cache.length
         self.positions = cache.length - 1 + tree_depths(self.parents)
+        N = len(self.parents)  # every cached position, then the tree's own
+        self.mask = np.concatenate([np.ones((N, self.length), bool), tree_mask(self.parents)],
+                                   axis=1)
 
     def attend(self, layer: int, q, k, v):
-        attn = self.cache.decoder.layers[layer].attn
-        q, k = rotate(attn, q, self.positions), rotate(attn, k, self.positions)
+        attn = self.cache.decoder.blocks[layer].attn
+        q, k = attn._rope(q, self.positions), attn._rope(k, self.positions)
         K = np.concatenate([self.cache.keys[layer], k], axis=-2)  # (g, n + N, d_k)
         V = np.concatenate([self.cache.values[layer], v], axis=-2)
-        N = q.shape[-2]
-        mask = np.concatenate([np.ones((N, self.length), bool), tree_mask(self.parents)], axis=1)
-        return attend_groups(q, K, V, mask)[0]
+        return attend_heads(q, K, V, self.mask, attn.scale)[0]
 
     def advance(self, n: int) -> None:
         """A view stores nothing."""

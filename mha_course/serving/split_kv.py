@@ -22,9 +22,10 @@ import math
 import numpy as np
 
 from .._validate import fail, refuse_layer_scale, validate_positive_int
-from ..heads import group_heads, kv_for_groups, merge_heads, project, split_heads, ungroup_heads
+from ..heads import group_heads, kv_for_groups, merge_heads, ungroup_heads
+from ..kv_cache import KVCache
+from ..parallel.ring import merge_partials
 from ..tiled import tiled_attention
-from .decoder import rotate
 
 
 def chunk_bounds(S: int, n_splits: int) -> list[tuple[int, int]]:
@@ -64,6 +65,9 @@ def split_kv_partials(q, k, v, n_splits: int):
 def combine_partials(outs, lses):
     """Merge chunks' partial outputs by their log-sum-exps: ``(out, lse)`` of all the keys.
 
+    Ring attention's :func:`~mha_course.parallel.ring.merge_partials`, folded over the chunks:
+    a chunk with no visible key (``lse = -inf``) adds nothing, never a NaN.
+
     Examples
     --------
     >>> from mha_course import scaled_dot_product_attention
@@ -73,12 +77,10 @@ def combine_partials(outs, lses):
     >>> bool(np.allclose(out, scaled_dot_product_attention(q, k, v)[0]))
     True
     """
-    L = np.stack(lses)  # (n_splits, ..., h, T)
-    m = L.max(axis=0)
-    w = np.exp(L - m)  # each chunk's share of the softmax denominator, up to exp(m)
-    total = w.sum(axis=0)
-    out = (w[..., None] * np.stack(outs)).sum(axis=0) / total[..., None]
-    return out, m + np.log(total)
+    out, lse = outs[0], lses[0]
+    for out_j, lse_j in zip(outs[1:], lses[1:], strict=True):
+        out, lse = merge_partials(out, lse, out_j, lse_j)
+    return out, lse
 
 
 def split_kv_decode_step(layer, x_t, cache, n_splits: int):
@@ -89,15 +91,14 @@ def split_kv_decode_step(layer, x_t, cache, n_splits: int):
     in ``n_splits`` chunks and combines them. x_t (..., 1, d_model) -> out_t (..., 1, d_model).
     """
     refuse_layer_scale("split_kv_decode_step", layer)
-    pos, dtype = cache.tokens_seen, x_t.dtype
-    q = rotate(layer, split_heads(project(x_t, layer.W_q, layer.b_q, dtype), layer.h),
-               pos)  # (..., h, 1, d_k)
-    k = rotate(layer, split_heads(project(x_t, layer.W_k, layer.b_k, dtype), layer.n_kv_heads),
-               pos)  # (..., g, 1, d_k)
-    v = split_heads(project(x_t, layer.W_v, layer.b_v, dtype), layer.n_kv_heads)
+    x_t = KVCache.check_step("split_kv_decode_step", layer, x_t, cache, one=True)
+    # the layer's own pieces, as its step: project (biases), split heads, RoPE at the position
+    q, k, v = layer._heads(*layer._project(x_t, x_t, x_t.dtype))  # (..., h | g, T, d_k | d_v)
+    positions = cache.tokens_seen + np.arange(x_t.shape[-2])
+    q, k = layer._rope(q, positions), layer._rope(k, positions)
     cache.append(k, v)
     out, _ = combine_partials(*split_kv_partials(q, cache.keys, cache.values, n_splits))
-    return project(merge_heads(out), layer.W_o, layer.b_o, out.dtype)  # (..., 1, d_model)
+    return layer._output(merge_heads(out), out.dtype)  # (..., 1, d_model)
 
 
 def occupancy(batch: int, kv_heads: int, n_splits: int, sms: int) -> float:

@@ -27,6 +27,7 @@ import numpy as np
 
 from .._validate import as_float_array, fail, validate_mask
 from ..block import rms_norm, rms_norm_backward
+from .entropy import attention_entropy
 
 __all__ = ["logit_stats", "qk_norm", "qk_norm_backward", "soft_cap", "soft_cap_backward"]
 
@@ -193,9 +194,7 @@ def logit_stats(scores, mask=None) -> dict[str, np.ndarray]:
     shifted = np.where(ok, per_head - np.where(np.isfinite(row_max), row_max, 0.0), -np.inf)
     e = np.exp(shifted)
     z = e.sum(axis=-1, keepdims=True)
-    p = e / np.where(z > 0, z, 1.0)
-    logp = np.where(ok, shifted - np.log(np.where(z > 0, z, 1.0)), 0.0)
-    row_entropy = -(p * logp).sum(axis=-1)  # (h, N)
+    row_entropy = attention_entropy(e / np.where(z > 0, z, 1.0))  # (h, N)
     counts = np.maximum(live.sum(axis=1), 1)
     entropy = np.where(live, row_entropy, 0.0).sum(axis=1) / counts
     return {"max_logit": max_logit, "max_abs_logit": max_abs, "entropy": entropy + 0.0}

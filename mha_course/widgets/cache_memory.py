@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 
 from .._validate import fail, validate_positive_int
 from ..cost import MODELS, cache_bytes, head_dim, is_mla, values_per_layer_token
-from .explorer import figure_png
+from .plotting import figure_png
 
 #: Bytes per cached value for each dtype the widget offers.
 DTYPES = {"fp32": 4, "bf16": 2, "fp8": 1}

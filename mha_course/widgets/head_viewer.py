@@ -312,13 +312,6 @@ def summary_line(summary) -> str:
             f"{chosen} | {summary['lines']} lines" + (f" | {tops}" if tops else ""))
 
 
-def figure_png(fig, dpi=WIDGET_DPI) -> bytes:
-    """Render ``fig`` to PNG bytes at the widget's size."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, pil_kwargs={"compress_level": 1})
-    return buf.getvalue()
-
-
 def head_viewer(model, batch, vocab=VOCAB, *, token=None, extra_controls=()):
     """The interactive head viewer for ``model`` on the examples of ``batch``.
 

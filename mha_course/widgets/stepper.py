@@ -16,8 +16,8 @@ number; −∞ (masked) is drawn grey.
 
 Three layers, as in :mod:`mha_course.widgets.explorer`:
 
-- :func:`attention_steps` computes the five arrays (the softmax and the weighted sum are the
-  package's :func:`~mha_course.scaled_dot_product_attention`);
+- :func:`attention_intermediates` computes the five arrays (the softmax and the weighted sum are
+  the package's :func:`~mha_course.scaled_dot_product_attention`);
 - :func:`draw_stepper` is a pure function that draws them and returns the figure and a summary
   dict; :func:`stepper_summary_line` prints that summary in one line (what nbval checks);
 - :func:`stepper_widget` wraps it in controls (√d_k on/off, temperature, mask).
@@ -128,7 +128,7 @@ def stepper_mask(kind: str, T: int = len(STEPPER_TOKENS), length: int = STEPPER_
     return padding_mask([length], T)[0]  # (1, 1, S) -> (1, S): broadcasts over the queries
 
 
-def attention_steps(q, k, v, *, scale=True, temperature=1.0, mask=None) -> dict:
+def attention_intermediates(q, k, v, *, scale=True, temperature=1.0, mask=None) -> dict:
     """Every intermediate array of one attention head, in order.
 
     ``scores = q kᵀ``; ``scaled = scores / (√d_k · τ)`` (or ``scores / τ`` with ``scale=False``);
@@ -162,13 +162,15 @@ def attention_steps(q, k, v, *, scale=True, temperature=1.0, mask=None) -> dict:
     Examples
     --------
     >>> inputs = stepper_inputs()
-    >>> steps = attention_steps(inputs["q"], inputs["k"], inputs["v"], mask=stepper_mask("causal"))
+    >>> steps = attention_intermediates(inputs["q"], inputs["k"], inputs["v"],
+    ...                                 mask=stepper_mask("causal"))
     >>> steps["weights"].shape, steps["output"].shape, steps["divisor"]
     ((6, 6), (6, 4), 4.0)
     """
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float, np.floating)) \
             or not math.isfinite(temperature) or temperature <= 0:
-        raise fail("attention_steps", f"temperature={temperature!r}; expected a number > 0")
+        raise fail("attention_intermediates",
+                   f"temperature={temperature!r}; expected a number > 0")
     q, k = np.asarray(q, dtype=float), np.asarray(k, dtype=float)
     d_k = q.shape[-1]
     divisor = (math.sqrt(d_k) if scale else 1.0) * float(temperature)
@@ -262,7 +264,7 @@ def draw_stepper(scale=True, temperature=1.0, mask="none", *, seed=0, fig=None):
     fig : matplotlib.figure.Figure
     summary : dict
         ``scale``, ``divisor``, ``temperature``, ``mask``, the five arrays (as
-        :func:`attention_steps`), ``masked_cells`` (how many entries are −∞), ``largest``
+        :func:`attention_intermediates`), ``masked_cells`` (how many entries are −∞), ``largest``
         (the largest weight and its query and key tokens), ``pad_weight`` (the most weight any
         real query puts on a ``<pad>`` key) and ``row_sums``.
 
@@ -280,8 +282,8 @@ def draw_stepper(scale=True, temperature=1.0, mask="none", *, seed=0, fig=None):
     inputs = stepper_inputs(seed)
     tokens, length = inputs["tokens"], inputs["length"]
     m = stepper_mask(mask, len(tokens), length)
-    steps = attention_steps(inputs["q"], inputs["k"], inputs["v"], scale=bool(scale),
-                            temperature=temperature, mask=m)
+    steps = attention_intermediates(inputs["q"], inputs["k"], inputs["v"], scale=bool(scale),
+                                    temperature=temperature, mask=m)
     state = getattr(fig, "_stepper_state", None)
     if fig is None or state is None:
         fig = fig if fig is not None else Figure(figsize=FIGSIZE)

@@ -28,7 +28,7 @@ from matplotlib.patches import Rectangle
 from .._validate import fail, validate_positive_int
 from ..attention import causal_mask, scaled_dot_product_attention
 from ..tiled import tiled_attention
-from .explorer import figure_png
+from .plotting import figure_png
 
 #: The example: one head, T = S = 9 positions, d_k = 4, d_v = 3, fixed seed.
 T_EXAMPLE, D_K, D_V, SEED = 9, 4, 3, 7
