@@ -27,7 +27,7 @@ help:
 	@echo "make assign IDS=\"3.1 3.2 4.5\" OUT=hw1.ipynb [TITLE=... DUE=2025-03-14 POINTS=04.5=4 FORCE=1]"
 	@echo "make grade SUBMISSIONS=folder ASSIGNMENT=hw1.assignment.json [CSV=grades.csv FEEDBACK=dir]"
 	@echo "make notebook NB=notebooks/05_x.ipynb   (maintainers) execute a notebook in place, tidied"
-	@echo "make bench         run the benchmarks (needs the reference extra; ARGS=--quick)"
+	@echo "make bench         run the benchmarks (needs the reference extra and nbgrader; ARGS=--quick)"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -131,13 +131,15 @@ grade: $(VENV)/.installed
 	    --jobs $(or $(JOBS),2) $(if $(CSV),--csv "$(CSV)") \
 	    $(if $(FEEDBACK),--feedback "$(FEEDBACK)") $(ARGS)
 
-# Benchmarks print ratios measured in one run; they are not tests. Needs the reference extra.
-bench: $(VENV)/.installed-test
+# Benchmarks print ratios measured in one run; they are not tests. Needs the reference extra;
+# benchmarks/grading.py grades one class with the checker and with nbgrader (make nbgrader).
+bench: $(VENV)/.installed-test $(NBGRADER_VENV)/bin/nbgrader
 	$(BIN)/python benchmarks/attention.py $(ARGS)
 	$(BIN)/python benchmarks/tiled.py $(ARGS)
 	$(BIN)/python benchmarks/kv_cache.py $(ARGS)
 	$(BIN)/python benchmarks/gpt.py $(ARGS)
 	$(BIN)/python benchmarks/explorer_redraw.py
+	$(BIN)/python benchmarks/grading.py $(ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -9,7 +9,8 @@ Run from the repository root (one thread unless ``--threads N``)::
 
 Two package paths are timed for ``MultiHeadAttention(d_model=512, h=8)`` (no bias): the layer's
 readable ``forward`` (lesson 04's recipe, composed of ``split_heads``,
-``scaled_dot_product_attention`` and ``merge_heads``) and ``mha_course.lean.lean_forward`` (the
+``scaled_dot_product_attention`` and ``merge_heads``) and ``mha_course.kernels.lean.lean_forward``
+(the
 same output, ordered for speed and memory). It prints, from one run: the versions, the BLAS and
 thread counts; each path's time and its ratio to a pure-Python version (n = 32 only), a NumPy
 loop over heads, ``torch.nn.MultiheadAttention`` (with and without the per-head weights) and
@@ -37,7 +38,7 @@ from threadpoolctl import threadpool_limits  # noqa: E402
 
 import mha_course as mc  # noqa: E402
 from mha_course import naive  # noqa: E402
-from mha_course.lean import lean_forward  # noqa: E402
+from mha_course.kernels.lean import lean_forward  # noqa: E402
 
 torch = bench.torch  # None when torch is not installed
 D_MODEL, H = 512, 8
@@ -231,7 +232,7 @@ def run(sizes, dtypes) -> dict:
 
 LEGEND = """\
   forward    MultiHeadAttention.forward, the readable path (weights stored in this dtype)
-  lean       mha_course.lean.lean_forward, the same output ordered for speed and memory
+  lean       mha_course.kernels.lean.lean_forward, the same output ordered for speed and memory
   torch(w)   torch.nn.MultiheadAttention, need_weights=True, average_attn_weights=False: like
              both package paths it returns the (h, n, n) weights
   floor      the forward's matmuls alone (4 projections, scores, weighted sum) at the GFLOP/s

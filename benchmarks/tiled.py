@@ -1,4 +1,8 @@
-"""Benchmark ``tiled_attention`` against standard attention and torch's SDPA.
+"""Benchmark tiled attention against standard attention and torch's SDPA.
+
+"tiled" is the fast path, ``mha_course.kernels.lean.lean_tiled_attention`` (FlashAttention-2's loop
+with four savings, the one that carries the speed targets); "readable" is the lesson's loop,
+``mha_course.tiled_attention``, timed beside it against standard attention.
 
 Run from the repository root (one thread unless ``--threads N``)::
 
@@ -49,7 +53,8 @@ import numpy as np  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 
 import mha_course as mc  # noqa: E402
-import mha_course.tiled as tiled_module  # noqa: E402
+import mha_course.kernels.tiled as tiled_module  # noqa: E402
+from mha_course.kernels.lean import exp2_is_vectorised, lean_tiled_attention  # noqa: E402
 
 torch = bench.torch  # None when torch is not installed
 
@@ -60,7 +65,7 @@ TARGETS = {"time": 1.1, "memory": 0.15, "fused": 0.8}
 #: torch's fused SDPA, without a mask and causal.
 GOAL = {"scale": 3.0, "n": 2048, "fused": 0.85}
 SCALES = (1.0, GOAL["scale"])
-DEFAULT_BLOCK = inspect.signature(mc.tiled_attention).parameters["block_size"].default
+DEFAULT_BLOCK = inspect.signature(lean_tiled_attention).parameters["block_size"].default
 
 
 def make_qkv(n: int, rng, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -106,31 +111,34 @@ def compare_with_standard(sizes, block, rng) -> dict:
         f"\n== tiled (block_size={block}) vs standard attention, no mask; ratio < 1 = tiled "
         "better\n  standard = scaled_dot_product_attention, which returns out and the (8, n, n)"
         " weights;\n  mem = peak extra traced memory of one call (its returned arrays included);"
-        "\n  /torch = tiled time / torch's fused SDPA kernel (context, not a target)"
+        "\n  /torch = tiled time / torch's fused SDPA kernel (context, not a target);"
+        "\n  readable = mha_course.tiled_attention (the lesson's loop), its time / standard's"
     )
     print(
         f"  {'n':>5} {'standard':>10} {'tiled':>10} {'time':>6} {'std mem':>10} "
-        f"{'tiled mem':>10} {'mem':>6} {'max|diff|':>9} {'/torch':>7}"
+        f"{'tiled mem':>10} {'mem':>6} {'max|diff|':>9} {'/torch':>7} {'readable':>10}"
     )
     rows = {}
     for n in sizes:
         q, k, v = make_qkv(n, rng)
         funcs = {
             "standard": partial(mc.scaled_dot_product_attention, q, k, v),
-            "tiled": partial(mc.tiled_attention, q, k, v, block_size=block),
+            "tiled": partial(lean_tiled_attention, q, k, v, block_size=block),
+            "readable": partial(mc.tiled_attention, q, k, v, block_size=block),
         }
         if torch is not None:
             funcs["torch"] = torch_sdpa(q, k, v, causal=False, fused=True)
         diff = float(np.abs(funcs["tiled"]() - funcs["standard"]()[0]).max())
         t = bench.best_times(funcs)
         mem = {name: bench.peak_extra_bytes(funcs[name]) for name in ("standard", "tiled")}
-        rows[n] = {"time": t["tiled"] / t["standard"], "mem": mem["tiled"] / mem["standard"]}
+        rows[n] = {"time": t["tiled"] / t["standard"], "mem": mem["tiled"] / mem["standard"],
+                   "readable": t["readable"] / t["standard"]}
         vs_torch = f"{t['tiled'] / t['torch']:.2f}x" if "torch" in t else "-"
         print(
             f"  {n:>5} {t['standard'] * 1e3:>7.0f} ms {t['tiled'] * 1e3:>7.0f} ms "
             f"{rows[n]['time']:>5.2f}x {mem['standard'] / 2**20:>6.1f} MiB "
             f"{mem['tiled'] / 2**20:>6.1f} MiB {rows[n]['mem']:>5.1%} {diff:>9.1e} "
-            f"{vs_torch:>7}",
+            f"{vs_torch:>7} {rows[n]['readable']:>9.2f}x",
             flush=True,
         )
     return rows
@@ -139,7 +147,7 @@ def compare_with_standard(sizes, block, rng) -> dict:
 def compare_with_torch(sizes, block, rng) -> dict:
     """Tiled vs torch's SDPA (its fused kernel and its math fallback) and vs standard attention,
     without a mask and causal, at both data scales, with the matmul floor and the exp pass."""
-    exp_name = "exp2" if tiled_module.exp2_is_vectorised() else "exp"
+    exp_name = "exp2" if exp2_is_vectorised() else "exp"
     print(
         f"\n== tiled (block_size={block}) vs torch F.scaled_dot_product_attention, no mask and "
         "causal;\n  ratio < 1 = tiled faster. fused = torch on 4-D (1, 8, n, 64) tensors (its "
@@ -167,7 +175,7 @@ def compare_with_torch(sizes, block, rng) -> dict:
             for causal in (False, True):
                 mask = mc.causal_mask(n) if causal else None
                 funcs = {
-                    "tiled": partial(mc.tiled_attention, q, k, v, causal=causal,
+                    "tiled": partial(lean_tiled_attention, q, k, v, causal=causal,
                                      block_size=block),
                     "fused": torch_sdpa(q, k, v, causal=causal, fused=True),
                     "math": torch_sdpa(q, k, v, causal=causal, fused=False),
@@ -177,7 +185,7 @@ def compare_with_torch(sizes, block, rng) -> dict:
                     "exp_tile": lambda pb=pb, exp=exp: exp(pb, out=np.empty_like(pb)),
                 }
                 tiles = sum(
-                    len(list(tiled_module._key_blocks(t0, min(t0 + b, n), n, n, b, causal)))
+                    len(list(tiled_module.key_blocks(t0, min(t0 + b, n), n, n, b, causal)))
                     for t0 in range(0, n, b)
                 )
                 if not rows:
@@ -227,7 +235,7 @@ def sweep_block_sizes(sizes, blocks, rng) -> dict:
         q, k, v = make_qkv(n, rng)
         for causal in (False, True):
             funcs = {
-                b: partial(mc.tiled_attention, q, k, v, causal=causal, block_size=b)
+                b: partial(lean_tiled_attention, q, k, v, causal=causal, block_size=b)
                 for b in blocks
             }
             columns[(n, causal)] = bench.best_times(funcs)
@@ -272,9 +280,9 @@ def main(argv: list[str] | None = None) -> int:
             print("  " + line)
         print(f"  q, k, v: ({H}, n, {D_K}) float32 (d_model 512, h 8); v ~ N(0, 1), q and k ~ "
               f"N(0, 1) or N(0, {GOAL['scale']:g}²) (scores of std 1 or {GOAL['scale']**2:g})")
-        print(f"  exp: NumPy's exp2 is {'' if tiled_module.exp2_is_vectorised() else 'not '}"
+        print(f"  exp: NumPy's exp2 is {'' if exp2_is_vectorised() else 'not '}"
               "vectorised on this CPU, so tiled_attention uses "
-              f"{'exp2' if tiled_module.exp2_is_vectorised() else 'exp'}")
+              f"{'exp2' if exp2_is_vectorised() else 'exp'}")
         print(
             f"  timing: {bench.CLOCK['name']}, minimum over >= {bench.MIN_RUNS} runs and >= "
             f"{bench.MIN_SECONDS} s per contender, called round-robin"

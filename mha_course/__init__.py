@@ -12,16 +12,19 @@ The package is in wings, and imports point down this list:
   reports; one check module per lesson, the interview drill's in ``checks.drill``); may import
   the models and the attention;
 - ``mha_course.models``: what learns (tasks, the tiny model, the GPT and its variants, training,
-  specialisation scores, shipped weights); may import the attention and its variants;
+  specialisation scores, shipped weights); may import serving, the variants and the attention;
 - ``mha_course.serving`` (lesson 10: the decoder, paged and compressed caches, scheduling,
-  speculative and split-KV decoding) and ``mha_course.parallel`` (lesson 11: simulated devices
-  and collectives, tensor, ring and Ulysses parallelism, activation memory, packing, precision):
-  attention as a server and a cluster run it; may import the attention;
+  speculative and split-KV decoding; lesson 09's sampling) and ``mha_course.parallel``
+  (lesson 11: simulated devices and collectives, tensor, ring and Ulysses parallelism,
+  activation memory, packing, precision): attention as a server and a cluster run it; may
+  import the attention;
 - ``mha_course.variants``: the attention of recent models (MLA, RoPE scaling, sinks, logit
   control, gated, sparse, linear attention and the delta rule, entropy); may import the top level;
+- ``mha_course.kernels`` (lesson 07): the same attention ordered for a machine, FlashAttention-2's
+  tiled loop and every fast path, each tested equal to the readable one; may import the top level;
 - the top level, here: the attention itself, what lessons 01 to 07 teach (softmax, masks, heads,
-  positions, the block, the layer, its backward pass, caches, tiled attention and its fast path,
-  costs and real configurations); NumPy only.
+  positions, the block, the layer, its backward pass, caches, costs and real configurations);
+  NumPy only.
 
 This ``__init__`` re-exports the names the lessons use, from the top level and from the models
 wing (``TinyTransformer``, ``make_batch``); the widgets are imported from ``mha_course.widgets``,
@@ -38,6 +41,7 @@ from .backward import attention_backward, gradient_check, softmax_jacobian
 from .block import dropout, layer_norm, residual, rms_norm, swiglu
 from .cost import attention_flops, kv_cache_bytes, mla_cache_bytes, param_count
 from .heads import merge_heads, split_heads
+from .kernels.tiled import tiled_attention
 from .kv_cache import KVCache
 from .models.tasks import make_batch
 from .models.tiny_model import TinyTransformer
@@ -45,7 +49,6 @@ from .multihead import MultiHeadAttention
 from .positions import alibi_bias, alibi_slopes, apply_rope, rope_permutation, sinusoidal_positions
 from .serving.paged_cache import PagedKVCache
 from .softmax import log_softmax, logsumexp, softmax
-from .tiled import tiled_attention
 from .variants.linear_attention import elu_feature_map, linear_attention
 from .variants.mla import LatentCache, MultiHeadLatentAttention
 

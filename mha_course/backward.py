@@ -31,8 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._validate import as_float_array, fail, fmt_shape, refuse_layer_scale, validate_shape
-from .heads import group_heads, kv_for_groups, merge_heads, split_heads, ungroup_heads
-from .positions import apply_rope
+from .heads import group_heads, kv_for_groups, merge_heads, split_heads_unchecked, ungroup_heads
+from .positions import rope_unchecked
 
 __all__ = [
     "SavedActivations",
@@ -181,7 +181,7 @@ def softmax_backward(dweights, weights) -> np.ndarray:
     >>> softmax_backward(np.array([1.0, 0.0]), np.array([0.5, 0.5]))
     array([ 0.25, -0.25])
     """
-    row_dot = np.sum(dweights * weights, axis=-1, keepdims=True)  # (..., 1)
+    row_dot = np.einsum("...s,...s->...", dweights, weights)[..., None]  # (..., 1), no temporary
     return weights * (dweights - row_dot)  # (..., S)
 
 
@@ -233,15 +233,25 @@ def attention_backward(grad_out, q, k, v, weights) -> tuple[np.ndarray, np.ndarr
     d_v = validate_shape(func, "v", v, ("S", "d_v"), {"S": (S, "k")})["d_v"]
     validate_shape(func, "weights", weights, ("T", "S"), {"T": (T, "q"), "S": (S, "k")})
     validate_shape(func, "grad_out", grad_out, ("T", "d_v"), {"T": (T, "q"), "d_v": (d_v, "v")})
+    return attention_backward_unchecked(grad_out, q, k, v, weights)
+
+
+def attention_backward_unchecked(grad_out, q, k, v, weights):
+    """:func:`attention_backward` without its checks, for arrays the caller validated (the
+    layer's own saved activations, in :func:`backward`)."""
+    d_k = q.shape[-1]
     # 1. out = weights @ v
     dweights = grad_out @ np.swapaxes(v, -1, -2)  # (..., T, d_v) @ (..., d_v, S) -> (..., T, S)
     dv = np.swapaxes(weights, -1, -2) @ grad_out  # (..., S, T) @ (..., T, d_v) -> (..., S, d_v)
     # 2. weights = softmax(scores), row by row
     dscores = softmax_backward(dweights, weights)  # (..., T, S)
-    # 3. scores = q @ kᵀ / √d_k: the scale first, then the product
-    dscores = dscores / math.sqrt(d_k)
+    # 3. scores = q @ kᵀ / √d_k: the product, then the scale (on the (.., d_k) results: fewer
+    #    numbers than the (..., T, S) scores)
+    scale = 1.0 / math.sqrt(d_k)
     dq = dscores @ k  # (..., T, S) @ (..., S, d_k) -> (..., T, d_k)
+    dq *= scale
     dk = np.swapaxes(dscores, -1, -2) @ q  # (..., S, T) @ (..., T, d_k) -> (..., S, d_k)
+    dk *= scale
     return sum_to_shape(dq, q.shape), sum_to_shape(dk, k.shape), sum_to_shape(dv, v.shape)
 
 
@@ -324,7 +334,7 @@ def backward(layer, grad_out, saved) -> dict[str, np.ndarray]:
     grads["b_o"] = dout.reshape(-1, dout.shape[-1]).sum(axis=0)  # (d_model,)
     dconcat = dout @ P["W_o"].T  # (..., T, d_model) @ (d_model, h*d_v) -> (..., T, h*d_v)
     # 6. Merge heads is only a reshape: its backward is the inverse reshape.
-    dheads = split_heads(dconcat, h)  # (..., T, h*d_v) -> (..., h, T, d_v)
+    dheads = split_heads_unchecked(dconcat, h)  # (..., T, h*d_v) -> (..., h, T, d_v)
     # 4-5. Attention within each group of h/g query heads that share one K/V head (views).
     weights = group_heads(saved.weights, g)  # (..., g, h/g, T, S)
     dheads = group_heads(dheads, g)  # (..., g, h/g, T, d_v)
@@ -333,7 +343,7 @@ def backward(layer, grad_out, saved) -> dict[str, np.ndarray]:
     # 5. Scaled dot-product attention within each group (scores, softmax, weighted sum).
     #    k and v have a length-1 group axis, so dk and dv come back summed over the h/g query
     #    heads of their group: (..., g, 1, S, d_k | d_v).
-    dq, dk, dv = attention_backward(dheads, q, k, v, weights)
+    dq, dk, dv = attention_backward_unchecked(dheads, q, k, v, weights)
     # 4. The h/g query heads of a group read one K/V head: their gradients added up in it (5).
     dq = ungroup_heads(dq)  # (..., h, T, d_k)
     dk = dk.sum(axis=-3)  # (..., g, 1, S, d_k) -> (..., g, S, d_k)
@@ -341,9 +351,8 @@ def backward(layer, grad_out, saved) -> dict[str, np.ndarray]:
     # 3. RoPE rotated q and k by R(p); a rotation's transpose is the rotation back, R(-p).
     if layer.rope is not None:
         T, S = dq.shape[-2], dk.shape[-2]
-        rope = {"base": layer.rope_base, "layout": layer.rope}
-        dq = apply_rope(dq, -np.arange(T), **rope)
-        dk = apply_rope(dk, -np.arange(S), **rope)
+        dq = rope_unchecked(dq, -np.arange(T), layer.rope_base, layer.rope)
+        dk = rope_unchecked(dk, -np.arange(S), layer.rope_base, layer.rope)
     # 2. Split heads, undone by merge_heads.
     dq = merge_heads(dq)  # (..., h, T, d_k) -> (..., T, h*d_k)
     dk = merge_heads(dk)  # (..., g, S, d_k) -> (..., S, g*d_k)

@@ -330,10 +330,15 @@ def layer_norm_backward(grad_y, x, gamma=None, eps: float = 1e-5):
 
 
 def sigmoid(a) -> np.ndarray:
-    """``1 / (1 + exp(-a))`` without overflow for large ``|a|``."""
+    """``1 / (1 + exp(-a))``, exact for large ``|a|``: where ``exp(-a)`` overflows to inf (a
+    very negative ``a``), ``1 / (1 + inf)`` is the right 0, so that overflow is not an error."""
     a = np.asarray(a)
-    e = np.exp(-np.abs(a))  # in (0, 1]: never overflows
-    return np.where(a >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+    s = np.array(a, dtype=np.result_type(a, np.float32))  # a copy, float
+    np.negative(s, out=s)
+    with np.errstate(over="ignore"):
+        np.exp(s, out=s)
+    s += 1.0
+    return np.reciprocal(s, out=s)  # four passes, in place: it runs on every MLP activation
 
 
 def silu(a) -> np.ndarray:

@@ -5,7 +5,8 @@ the grouping of query heads over shared key/value heads belongs to
 ``notebooks/06_decoding.ipynb`` (MQA and GQA).
 
 The layer (:mod:`mha_course.multihead`), its backward pass (:mod:`mha_course.backward`), the
-memory-lean forward (:mod:`mha_course.lean`) and the cost formulas (:mod:`mha_course.cost`) all
+memory-lean forward (:mod:`mha_course.kernels.lean`) and the cost formulas (:mod:`mha_course.cost`)
+all
 take their head arithmetic from here, so there is one definition of each step.
 
 Layout: the fused projection ``W_q`` of shape (d_model, h*d_k) holds head ``i`` in columns
@@ -18,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._validate import as_float_array, fail, fmt_shape, validate_positive_int, validate_shape
-from .attention import scaled_dot_product_attention
+from .attention import sdpa_unchecked
 
 
 def split_heads(x, h: int) -> np.ndarray:
@@ -52,6 +53,14 @@ def split_heads(x, h: int) -> np.ndarray:
     *lead, T, D = x.shape
     if D % h:
         raise fail(func, f"x has shape {x.shape}; its last axis {D} is not divisible by h={h}")
+    return split_heads_unchecked(x, h)
+
+
+def split_heads_unchecked(x: np.ndarray, h: int) -> np.ndarray:
+    """:func:`split_heads` without its checks, for an ``x`` the caller validated (the layer's
+    own projections): ``h`` a positive integer that divides the last axis of ``x`` (..., T, h*d).
+    """
+    *lead, T, D = x.shape
     # (..., T, h*d) -> (..., T, h, d) -> (..., h, T, d)
     return np.swapaxes(x.reshape(*lead, T, h, D // h), -2, -3)
 
@@ -158,7 +167,7 @@ def attend_heads(q, k, v, mask=None, scale=None):
     >>> [a.shape for a in attend_heads(q, k, k)]
     [(4, 3, 2), (4, 3, 5)]
     """
-    heads, weights = scaled_dot_product_attention(*sdpa_operands(q, k, v, mask), scale=scale)
+    heads, weights = sdpa_unchecked(*sdpa_operands(q, k, v, mask), scale)
     if k.shape[-3] < q.shape[-3]:  # grouped: (..., g, h/g, T, .) -> (..., h, T, .)
         heads, weights = ungroup_heads(heads), ungroup_heads(weights)
     return heads, weights

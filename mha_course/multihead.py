@@ -6,10 +6,12 @@ Taught in ``notebooks/04_multi_head_attention.ipynb``; its options in later less
 
 ``forward`` is exactly lesson 04's recipe: project -> :func:`~mha_course.split_heads` ->
 (RoPE) -> :func:`~mha_course.scaled_dot_product_attention` -> :func:`~mha_course.merge_heads`
--> ``W_o``. :meth:`MultiHeadAttention.step` uses the same pieces on a chunk of new tokens over a
+-> ``W_o``, its input checked once at the top and then trusted: it calls those functions'
+``*_unchecked`` kernels, as nanoGPT asserts once and trusts inside.
+:meth:`MultiHeadAttention.step` uses the same pieces on a chunk of new tokens over a
 :class:`~mha_course.KVCache` (prefill, decode, verify; :meth:`~MultiHeadAttention.decode_step`
 is its one-token case). A forward ordered for speed and memory lives beside it, in
-:mod:`mha_course.lean`, tested equal to this one.
+:mod:`mha_course.kernels.lean`, tested equal to this one.
 
 Layout: the fused projection ``W_q`` of shape (d_model, h*d_k) holds head ``i`` in columns
 ``i*d_k : (i+1)*d_k``; that is exactly the article's per-head matrices ``W_q[i]`` of shape
@@ -22,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._validate import as_float_array, fail, fmt_shape, validate_mask, validate_shape
-from .attention import causal_mask, scaled_dot_product_attention, validate_scale
+from .attention import causal_mask, sdpa_unchecked, validate_scale
 from .backward import SavedActivations, backward
 from .heads import (
     attend_heads,
@@ -32,11 +34,11 @@ from .heads import (
     merge_heads,
     project,
     sdpa_operands,
-    split_heads,
+    split_heads_unchecked,
     ungroup_heads,
 )
 from .kv_cache import KVCache
-from .positions import apply_rope, validate_layout
+from .positions import apply_rope, rope_unchecked, validate_layout
 
 
 class MultiHeadAttention:
@@ -232,7 +234,8 @@ class MultiHeadAttention:
         return {name: getattr(self, name) for name in names}
 
     def validate_inputs(self, x, context, mask):
-        """The input validation of :meth:`forward` (and of :func:`mha_course.lean.lean_forward`).
+        """The input validation of :meth:`forward` (and of
+        :func:`mha_course.kernels.lean.lean_forward`).
 
         Returns ``(x, kv_input, mask)``: float arrays (``kv_input`` is ``x`` for
         self-attention) and the mask as (..., 1, 1, T, S), ready to broadcast over the
@@ -314,8 +317,8 @@ class MultiHeadAttention:
         q, k, v = self._heads(*self._project(x, kv_input, dtype))  # (..., h | g, T | S, d)
         q, k = self._rope(q), self._rope(k)  # RoPE on queries and keys, never values
         # GQA (lesson 06): h/g query heads per K/V head, (..., g, h/g, T, d) views; else 4-D
-        heads, weights = scaled_dot_product_attention(*sdpa_operands(q, k, v, mask),
-                                                      scale=self.scale)
+        # checked once above (validate_inputs); the kernel trusts it, as nanoGPT asserts once
+        heads, weights = sdpa_unchecked(*sdpa_operands(q, k, v, mask), self.scale)
         if self.n_kv_heads < self.h:
             heads, weights = ungroup_heads(heads), ungroup_heads(weights)  # (..., h, T, d_v | S)
         if head_mask is not None:  # scale each head's output: (h,) -> (h, 1, 1)
@@ -372,14 +375,15 @@ class MultiHeadAttention:
     def _heads(self, q, k, v):
         """Split the projections into heads: (..., h, T, d_k), (..., g, S, d_k | d_v)."""
         g = self.n_kv_heads
-        return split_heads(q, self.h), split_heads(k, g), split_heads(v, g)
+        split = split_heads_unchecked  # the layer's own projections: shapes known to fit
+        return split(q, self.h), split(k, g), split(v, g)
 
     def _rope(self, x, positions=None):
         """RoPE on queries or keys (..., n, T, d_k) at ``positions`` (T,) (default 0..T-1);
         ``x`` itself when the layer has no RoPE."""
         if self.rope is None:
             return x
-        return apply_rope(x, positions, base=self.rope_base, layout=self.rope)
+        return rope_unchecked(x, positions, self.rope_base, self.rope)
 
     def _output(self, concat, dtype):
         """``concat W_o + b_o``: (..., T, h*d_v) -> (..., T, d_model) in ``dtype``."""

@@ -34,6 +34,8 @@ scaling, YaRN, Llama 3.1's rule) is :mod:`mha_course.variants.rope_scaling`.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ._validate import as_float_array, fail, fmt_shape, validate_positive_int, validate_shape
@@ -194,8 +196,16 @@ def apply_rope(x, positions=None, *, base: float = 10000.0, layout: str = "half"
         raise fail(
             func, f"positions has shape {fmt_shape(positions.shape)}; expected (T,) = ({T},)"
         )
-    theta = rope_angles(positions, d, base)  # (T, d/2), float64
-    cos, sin = np.cos(theta).astype(x.dtype), np.sin(theta).astype(x.dtype)
+    return rope_unchecked(x, positions, base, layout)
+
+
+def rope_unchecked(x: np.ndarray, positions, base: float, layout: str) -> np.ndarray:
+    """:func:`apply_rope`'s kernel, on inputs already validated (``x`` float (..., T, d) with
+    ``d`` even, ``positions`` integers (T,) or None for ``arange(T)``, ``base`` > 1, ``layout``
+    one of :data:`LAYOUTS`); the layer calls it inside its forward."""
+    T, d = x.shape[-2:]
+    key = None if positions is None else np.asarray(positions, dtype=np.int64).tobytes()
+    cos, sin = _rope_table(T, d, float(base), x.dtype.str, key)  # (T, d/2) each
     if layout == "half":
         a, b = x[..., : d // 2], x[..., d // 2 :]  # pair j = (j, j + d/2)
         return np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
@@ -204,6 +214,17 @@ def apply_rope(x, positions=None, *, base: float = 10000.0, layout: str = "half"
     out[..., 0::2] = a * cos - b * sin
     out[..., 1::2] = a * sin + b * cos
     return out
+
+
+@functools.lru_cache(maxsize=64)
+def _rope_table(T: int, d: int, base: float, dtype: str, positions: bytes | None):
+    """RoPE's cosines and sines (T, d/2) in ``dtype``, for ``arange(T)`` or the int64
+    ``positions`` given as bytes; cached, since a model asks for the same ones every step."""
+    p = np.arange(T) if positions is None else np.frombuffer(positions, dtype=np.int64)
+    theta = rope_angles(p, d, base)  # (T, d/2), float64
+    cos, sin = np.cos(theta).astype(dtype), np.sin(theta).astype(dtype)
+    cos.flags.writeable = sin.flags.writeable = False  # shared between calls
+    return cos, sin
 
 
 def rope_permutation(d_k: int, h: int = 1) -> np.ndarray:

@@ -63,14 +63,7 @@ def softmax(x, axis: int = -1, mask=None) -> np.ndarray:
     return softmax_inplace(x.copy(), axis, mask=m)
 
 
-#: Arrays larger than ``4 * BLOCK_BYTES`` are normalised a block of rows at a time, each block
-#: small enough to stay in a core's L2 cache through the passes: on the (8, 2048, 2048) scores of
-#: ``benchmarks/attention.py``, one thread, CPU time, the softmax took 95 -> 61 ms (float32) and
-#: 172 -> 105 ms (float64); at (8, 512, 512), which fits in the L3 cache, it changed nothing.
-BLOCK_BYTES = 1 << 19
-
-
-def softmax_inplace(s: np.ndarray, axis: int = -1, mask=None, shift: bool = True) -> np.ndarray:
+def softmax_inplace(s: np.ndarray, axis: int = -1, mask=None) -> np.ndarray:
     """Softmax of ``s`` along ``axis``, overwriting ``s``; entries where ``mask`` is False get 0.
 
     The package's one softmax kernel: :func:`softmax` runs it on a copy, the attention
@@ -79,41 +72,20 @@ def softmax_inplace(s: np.ndarray, axis: int = -1, mask=None, shift: bool = True
     masked becomes all 0, never NaN.
 
     It does what lesson 02 teaches, in the same order: subtract each row's max, ``exp``, divide by
-    the row's sum (as a multiplication by the sum's reciprocal: measured on 8·512·512 scores,
-    float64, one thread, a division pass takes about 1.5x as long as a multiplication pass). A
-    large array is done a block of rows at a time (see :data:`BLOCK_BYTES`); the result is the
-    same, row by row.
-
-    ``shift=False`` skips the max subtraction. Only :func:`mha_course.lean.lean_forward` passes
-    it, after proving that no ``exp`` can overflow or underflow (lesson 02's rule, "always
-    subtract the max", holds everywhere else).
+    the row's sum (as a multiplication by the sum's reciprocal, one division per row instead of
+    one per entry). The fast path, :mod:`mha_course.kernels.lean`, runs it a block of rows at a
+    time.
     """
-    last = axis in (-1, s.ndim - 1)
-    if not (last and s.ndim >= 2 and s.nbytes > 4 * BLOCK_BYTES):
-        return _softmax_block(s, axis, mask, shift)
-    if mask is not None:
-        mask = np.asarray(mask)
-        mask = mask.reshape((1,) * (2 - mask.ndim) + mask.shape)  # a row axis to slice
-    rows = max(1, BLOCK_BYTES // s[..., 0, :].nbytes)  # rows of every leading axis at once
-    for t0 in range(0, s.shape[-2], rows):
-        t = slice(t0, t0 + rows)
-        block_mask = mask if mask is None or mask.shape[-2] == 1 else mask[..., t, :]
-        _softmax_block(s[..., t, :], -1, block_mask, shift)  # (..., rows, S), a view into s
-    return s
-
-
-def _softmax_block(s: np.ndarray, axis: int, mask, shift: bool) -> np.ndarray:
     masked = mask is not None
     if masked:
         np.copyto(s, -np.inf, where=~mask)
     if s.shape[axis] == 0:
         return s  # nothing to normalise (no keys): an empty slice, like a fully masked one
-    if shift:
-        row_max = s.max(axis=axis, keepdims=True)
-        if masked:
-            # A fully masked slice has max -inf; shifting by 0 leaves exp(-inf) = 0, no NaN.
-            row_max[~np.isfinite(row_max)] = 0
-        s -= row_max
+    row_max = s.max(axis=axis, keepdims=True)
+    if masked:
+        # A fully masked slice has max -inf; shifting by 0 leaves exp(-inf) = 0, no NaN.
+        row_max[~np.isfinite(row_max)] = 0
+    s -= row_max
     np.exp(s, out=s)
     total = s.sum(axis=axis, keepdims=True)
     if masked:

@@ -2,7 +2,9 @@
 
 ``run_cli("check", path)`` is ``python -m mha_course check PATH`` without a new interpreter: the
 exit code and what it printed. ``make_class()`` loads ``tests/data/make_class.py``, which builds
-a class's folder of lesson-03 submissions.
+a class's folder of lesson-03 submissions. :data:`FIXTURES` is the fixture course of
+``tests/data/solutions`` and :data:`GOOD`, :data:`WRONG`, :data:`HANG`, :data:`CRASH` a
+learner's answers to its exercises 98.1 and 98.2, shared by the grading tests.
 """
 
 from __future__ import annotations
@@ -16,6 +18,12 @@ from pathlib import Path
 from mha_course.grading.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "data" / "solutions"
+
+GOOD = {"98.1": "def double(x):\n    return x * 2", "98.2": "answer = 6 * 7\nprint('debug')"}
+WRONG = {"98.1": "def double(x):\n    print('debug')\n    return x + x + 1", "98.2": "answer = 42"}
+HANG = {"98.1": "def double(x):\n    while True:\n        pass", "98.2": "answer = 42"}
+CRASH = {"98.1": "import os\nos._exit(1)", "98.2": "answer = 42"}
 
 
 def run_cli_split(*args, cwd=None) -> tuple[int, str, str]:

@@ -14,23 +14,11 @@ from pathlib import Path
 import nbformat
 import numpy as np
 import pytest
-from test_checks_lesson05 import CORRECT_05
-from test_checks_lesson06 import CORRECT_06
-from test_checks_lesson07 import CORRECT_07
-from test_checks_lesson08 import CORRECT_08
-from test_checks_lesson09 import CORRECT_09
-from test_checks_lesson10 import CORRECT_10
-from test_checks_lesson11 import CORRECT_11
-from test_checks_lesson12 import CORRECT_12
-from test_checks_lesson13 import CORRECT_13
-from test_checks_lesson13_block2025 import CORRECT_13_BLOCK2025
-from test_checks_lesson13_generation import CORRECT_13_GENERATION
-from test_checks_lesson13_parallel import CORRECT_13_PARALLEL
-from test_checks_lesson13_serving import CORRECT_13_SERVING
+from check_contract import CheckContract
 
 import mha_course
 from mha_course import checks
-from mha_course.checks import CheckFailed, harness
+from mha_course.checks import CheckFailed, harness, lesson01, lesson02, lesson03, lesson04
 
 # ------------------------------------------------------------------ correct implementations
 
@@ -209,19 +197,6 @@ CORRECT = {
     "04.4": ("check_param_count", _param_count),
     "04.5": ("check_mha_forward", _mha_forward),
     "04.6": ("check_cross_attention", _cross_attention),
-    **CORRECT_05,  # lesson 05's right answers live with its tests (tests/test_checks_lesson05.py)
-    **CORRECT_06,  # and lesson 06's (tests/test_checks_lesson06.py)
-    **CORRECT_07,  # and lesson 07's (tests/test_checks_lesson07.py)
-    **CORRECT_08,  # and lesson 08's (tests/test_checks_lesson08.py)
-    **CORRECT_09,  # and lesson 09's (tests/test_checks_lesson09.py)
-    **CORRECT_10,  # and lesson 10's (tests/test_checks_lesson10.py)
-    **CORRECT_11,  # and lesson 11's (tests/test_checks_lesson11.py)
-    **CORRECT_12,  # and lesson 12's (tests/test_checks_lesson12.py)
-    **CORRECT_13,  # and lesson 13's, read from its solution notebook (test_checks_lesson13.py)
-    **CORRECT_13_GENERATION,  # and its generation bugs from lesson 09
-    **CORRECT_13_SERVING,  # its serving bugs, from lesson 10 (test_checks_lesson13_serving.py)
-    **CORRECT_13_PARALLEL,  # and its part from lesson 11 (test_checks_lesson13_parallel.py)
-    **CORRECT_13_BLOCK2025,  # and the 2025 block's bugs from lesson 12
 }
 
 
@@ -229,64 +204,46 @@ def _check(name):
     return getattr(checks, name)
 
 
-def test_every_public_check_is_tested_here():
+def _of_lesson(n):
+    return {ex: answer for ex, answer in CORRECT.items() if ex.startswith(f"{n}.")}
+
+
+class TestLesson01Contract(CheckContract):
+    MODULE, CORRECT = lesson01, _of_lesson("01")
+
+
+class TestLesson02Contract(CheckContract):
+    MODULE, CORRECT = lesson02, _of_lesson("02")
+
+
+class TestLesson03Contract(CheckContract):
+    MODULE, CORRECT = lesson03, _of_lesson("03")
+
+
+class TestLesson04Contract(CheckContract):
+    MODULE, CORRECT = lesson04, _of_lesson("04")
+
+
+def _contracted_modules():
+    """The checks modules some test module binds the contract to (``MODULE, CORRECT = m, ...``
+    in a ``CheckContract`` subclass), read from the tests' source."""
+    found = set()
+    for path in Path(__file__).parent.glob("test_*.py"):
+        found.update(re.findall(r"\(CheckContract\):\n\s+MODULE, CORRECT = (\w+),",
+                                path.read_text(encoding="utf-8")))
+    return found
+
+
+def test_every_public_check_is_bound_to_the_contract():
+    """Every public check is exported by one checks module, and some test binds the generic
+    contract (tests/check_contract.py) to that module and its right answers."""
+    modules = {f"lesson{n:02d}" for n in range(1, 13)} | {"drill"}
+    exported = {name: getattr(checks, name) for name in modules}
     public = {n for n in checks.__all__ if n.startswith("check_")}
-    assert public == {name for name, _ in CORRECT.values()}
-
-
-@pytest.mark.parametrize("ex", sorted(CORRECT))
-def test_check_passes_a_correct_answer_with_one_stable_line(ex, capsys):
-    name, fn = CORRECT[ex]
-    assert _check(name)(fn) is None
-    out, err = capsys.readouterr()
-    assert err == ""
-    assert out.count("\n") == 1
-    assert out.startswith(f"Exercise {ex} passed: ")
-    assert not re.search(r"\d\.\d{5,}", out), "no long floats in the success line"
-
-
-@pytest.mark.parametrize("ex", sorted(CORRECT))
-def test_check_passes_twice_with_identical_output(ex, capsys):
-    name, fn = CORRECT[ex]
-    _check(name)(fn)
-    first = capsys.readouterr().out
-    _check(name)(fn)
-    assert capsys.readouterr().out == first
-
-
-def _stub(ex):
-    def stub(*args, **kwargs):
-        raise NotImplementedError(f"Exercise {ex}: the one-line task")
-
-    return stub
-
-
-@pytest.mark.parametrize("ex", sorted(CORRECT))
-def test_check_lets_the_stub_error_through_for_not_attempted(ex, capsys):
-    name, _ = CORRECT[ex]
-    with pytest.raises(NotImplementedError, match=rf"^Exercise {ex}: the one-line task$"):
-        _check(name)(_stub(ex))
-    assert capsys.readouterr().out == ""
-
-
-@pytest.mark.parametrize("ex", sorted(CORRECT))
-def test_check_fails_a_function_that_returns_none(ex, capsys):
-    name, _ = CORRECT[ex]
-    with pytest.raises(CheckFailed, match=rf"^Exercise {ex}: "):
-        _check(name)(lambda *a, **k: None)
-    assert capsys.readouterr().out == ""
-
-
-@pytest.mark.parametrize("ex", sorted(CORRECT))
-def test_check_quotes_an_unexpected_exception(ex, capsys):
-    name, _ = CORRECT[ex]
-
-    def broken(*args, **kwargs):
-        raise KeyError("oops")
-
-    with pytest.raises(CheckFailed, match=rf"^Exercise {ex}: .*raised KeyError"):
-        _check(name)(broken)
-    assert capsys.readouterr().out == ""
+    owners = [{n for n in m.__all__ if n.startswith("check_")} for m in exported.values()]
+    assert sum(map(len, owners)) == len(set().union(*owners)), "a check exported twice"
+    assert set().union(*owners) == public
+    assert _contracted_modules() == modules
 
 
 def test_check_failed_is_an_assertion_error():

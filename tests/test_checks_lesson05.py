@@ -1,18 +1,20 @@
 """The checks of lesson 05: each passes a right answer and names each classic wrong one.
 
-The generic properties (one stable success line, the stub passes through as "not attempted", a
-``None`` or an exception becomes a failure) are tested in ``test_checks.py``, which takes lesson
-05's right answers from :data:`CORRECT_05` here.
+The generic contract (a right answer passes with one stable line, the stub's
+``NotImplementedError`` passes through as "not attempted", ``None`` and an unexpected
+exception fail) is bound to lesson 05's right answers, :data:`CORRECT_05`, by
+:class:`TestContract` here (``tests/check_contract.py``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from check_contract import CheckContract
 
 import mha_course
 from mha_course import checks
-from mha_course.checks import CheckFailed
+from mha_course.checks import CheckFailed, lesson05
 
 # ------------------------------------------------------------------ correct implementations
 
@@ -112,6 +114,10 @@ CORRECT_05 = {
 }
 
 
+class TestContract(CheckContract):
+    MODULE, CORRECT = lesson05, CORRECT_05
+
+
 # ------------------------------------------------------------------ the named mistakes
 
 
@@ -182,7 +188,7 @@ MISTAKES = [
          d, b, c["factor"], c["low_freq_factor"], c["high_freq_factor"],
          c["original_max_position_embeddings"]),
      r"asks you to write the rule from the config yourself; your answer calls "
-     r"mha_course\.variants\.rope_scaling"),
+     r"mha_course\.variants\.rope_scaling\.llama3_frequencies"),
     ("masks-encoder-causal", "check_encoder_decoder_masks",
      lambda *a: _masks(*a, enc_causal=True), r"encoder is bidirectional"),
     ("masks-encoder-not-broadcast", "check_encoder_decoder_masks",
@@ -242,10 +248,14 @@ def test_check_names_the_likely_mistake(check, wrong, pattern, capsys):
     assert capsys.readouterr().out == "", "a failing check prints nothing"
 
 
-def test_alibi_distances_counted_from_the_chunk_start_are_harmless():
+def test_alibi_distances_counted_from_the_chunk_start_are_harmless(capsys):
     """Shifting every query's position by S - T moves each bias row by a constant, which the
     softmax ignores: only the mask's alignment matters (the check passes such an answer)."""
+    q, k, v = (np.random.default_rng(0).normal(size=(4, 2, n, 3)) for n in (2, 5, 5))
+    shifted, right = _alibi(q, k, v, top_left=True), _alibi(q, k, v)
+    np.testing.assert_allclose(shifted[1], right[1], atol=1e-12)  # same weights: harmless
     checks.check_alibi_chunk_attention(lambda q, k, v: _alibi(q, k, v, top_left=True))
+    assert capsys.readouterr().out.startswith("Exercise 05.6 passed: ")
 
 
 def test_the_padded_heads_bug_raises_when_b_differs_from_h_and_the_hint_says_why():

@@ -1,15 +1,20 @@
-"""The checks of lesson 06's exercises: each passes the solution, lets the stub through, and
-names each classic mistake. (``tests/test_checks.py`` runs its generic tests, pass / stub /
-None / exception, over :data:`CORRECT_06` too.)"""
+"""The checks of lesson 06's exercises name each classic mistake.
+
+The generic contract (a right answer passes with one stable line, the stub's
+``NotImplementedError`` passes through as "not attempted", ``None`` and an unexpected
+exception fail) is bound to lesson 06's right answers, :data:`CORRECT_06`, by
+:class:`TestContract` here (``tests/check_contract.py``).
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from check_contract import CheckContract
 
 import mha_course
 from mha_course import checks
-from mha_course.checks import CheckFailed
+from mha_course.checks import CheckFailed, lesson06
 
 # ------------------------------------------------------------------ correct implementations
 
@@ -77,11 +82,8 @@ CORRECT_06 = {
 }
 
 
-@pytest.mark.parametrize("ex", sorted(CORRECT_06))
-def test_check_passes_the_solution(ex, capsys):
-    name, fn = CORRECT_06[ex]
-    getattr(checks, name)(fn)
-    assert capsys.readouterr().out.startswith(f"Exercise {ex} passed: ")
+class TestContract(CheckContract):
+    MODULE, CORRECT = lesson06, CORRECT_06
 
 
 # --------------------------------------------------------------------- the targeted mistakes

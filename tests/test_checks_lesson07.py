@@ -1,8 +1,9 @@
 """The checks of lesson 07: each passes a right answer and names each classic wrong one.
 
-The generic properties (one stable success line, the stub passes through as "not attempted", a
-``None`` or an exception becomes a failure) are tested in ``test_checks.py``, which takes lesson
-07's right answers from :data:`CORRECT_07` here.
+The generic contract (a right answer passes with one stable line, the stub's
+``NotImplementedError`` passes through as "not attempted", ``None`` and an unexpected
+exception fail) is bound to lesson 07's right answers, :data:`CORRECT_07`, by
+:class:`TestContract` here (``tests/check_contract.py``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import math
 
 import numpy as np
 import pytest
+from check_contract import CheckContract
 
 import mha_course
 from mha_course import checks
@@ -111,13 +113,12 @@ CORRECT_07 = {
 }
 
 
+class TestContract(CheckContract):
+    MODULE, CORRECT = lesson07, CORRECT_07
+
+
 def _check(name):
     return getattr(checks, name)
-
-
-def test_every_lesson07_check_has_a_right_answer_here():
-    assert set(lesson07.__all__) == {name for name, _ in CORRECT_07.values()}
-    assert set(lesson07.__all__) <= set(checks.__all__)
 
 
 def _no_rescale(m, l, x_block):

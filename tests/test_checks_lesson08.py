@@ -1,8 +1,9 @@
 """Lesson 08's exercise checks name each classic mistake.
 
 The generic contract (a right answer passes with one stable line, the stub's
-``NotImplementedError`` passes through, ``None`` and an unexpected exception fail) is tested by
-``tests/test_checks.py``, which takes lesson 08's right answers from :data:`CORRECT_08` here.
+``NotImplementedError`` passes through as "not attempted", ``None`` and an unexpected
+exception fail) is bound to lesson 08's right answers, :data:`CORRECT_08`, by
+:class:`TestContract` here (``tests/check_contract.py``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import math
 
 import numpy as np
 import pytest
+from check_contract import CheckContract
 
 import mha_course
 from mha_course import checks
@@ -102,13 +104,12 @@ CORRECT_08 = {
 }
 
 
+class TestContract(CheckContract):
+    MODULE, CORRECT = lesson08, CORRECT_08
+
+
 def _check(name):
     return getattr(checks, name)
-
-
-def test_every_lesson08_check_has_a_right_answer_here():
-    assert set(lesson08.__all__) == {name for name, _ in CORRECT_08.values()}
-    assert set(lesson08.__all__) <= set(checks.__all__)
 
 
 def _outer_jacobian(p):  # np.outer flattens a batch

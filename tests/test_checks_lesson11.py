@@ -1,14 +1,16 @@
 """The checks of lesson 11: each passes a right answer and names each classic wrong one.
 
-The generic properties (one stable success line, the stub passes through as "not attempted", a
-``None`` or an exception becomes a failure) are tested in ``test_checks.py``, which takes lesson
-11's right answers from :data:`CORRECT_11` here.
+The generic contract (a right answer passes with one stable line, the stub's
+``NotImplementedError`` passes through as "not attempted", ``None`` and an unexpected
+exception fail) is bound to lesson 11's right answers, :data:`CORRECT_11`, by
+:class:`TestContract` here (``tests/check_contract.py``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from check_contract import CheckContract
 
 from mha_course import checks
 from mha_course.checks import CheckFailed, lesson11
@@ -84,9 +86,8 @@ CORRECT_11 = {
 }
 
 
-def test_every_lesson11_check_has_a_right_answer_here():
-    assert set(lesson11.__all__) == {name for name, _ in CORRECT_11.values()}
-    assert set(lesson11.__all__) <= set(checks.__all__)
+class TestContract(CheckContract):
+    MODULE, CORRECT = lesson11, CORRECT_11
 
 
 MISTAKES = [

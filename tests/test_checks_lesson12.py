@@ -1,14 +1,16 @@
 """Lesson 12's exercise checks name each classic mistake.
 
 The generic contract (a right answer passes with one stable line, the stub's
-``NotImplementedError`` passes through, ``None`` and an unexpected exception fail) is tested by
-``tests/test_checks.py``, which takes lesson 12's right answers from :data:`CORRECT_12` here.
+``NotImplementedError`` passes through as "not attempted", ``None`` and an unexpected
+exception fail) is bound to lesson 12's right answers, :data:`CORRECT_12`, by
+:class:`TestContract` here (``tests/check_contract.py``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from check_contract import CheckContract
 
 import mha_course
 from mha_course import checks, softmax
@@ -67,9 +69,8 @@ CORRECT_12 = {
 }
 
 
-def test_every_lesson12_check_has_a_right_answer_here():
-    assert set(lesson12.__all__) == {name for name, _ in CORRECT_12.values()}
-    assert set(lesson12.__all__) <= set(checks.__all__)
+class TestContract(CheckContract):
+    MODULE, CORRECT = lesson12, CORRECT_12
 
 
 def _kind(f, kind):
@@ -108,16 +109,3 @@ MISTAKES = [
 def test_each_named_mistake_is_recognised(name, check, fn, match):
     with pytest.raises(CheckFailed, match=match):
         getattr(checks, check)(fn)
-
-
-@pytest.mark.parametrize("ex", sorted(CORRECT_12))
-def test_right_answers_pass_and_the_stub_is_not_attempted(ex, capsys):
-    name, fn = CORRECT_12[ex]
-    getattr(checks, name)(fn)
-    assert f"Exercise {ex} passed" in capsys.readouterr().out
-
-    def stub(*args):
-        raise NotImplementedError("exercise " + ex)
-
-    with pytest.raises(NotImplementedError):
-        getattr(checks, name)(stub)

@@ -1,10 +1,11 @@
-"""Lesson 13's drill: every broken function fails its check naming the property it breaks, the
-solution passes, and a fix that only hides the symptom fails.
+"""Lesson 13's drill, 13.1 to 13.15 (:mod:`mha_course.checks.drill.attention`, ``.decoding``,
+``.timed_build``): a fix that only hides the symptom fails, named; the timed build's
+interviewer; the property audit.
 
-The broken functions and the solutions are read from ``solutions/13_interview_drill.ipynb``
-(the cells a learner sees), so what is tested is what is shipped. The generic contract (one
-stable success line, the stub passes through, ``None`` and exceptions fail) is tested by
-``tests/test_checks.py`` over :data:`CORRECT_13`.
+The broken functions and the solutions come from ``solutions/13_interview_drill.ipynb``
+through ``tests/drill_cells.py``; the drill's contract (each broken function fails naming
+the property it breaks, each solution passes, the stub is "not attempted") is tested once,
+over all 26 exercises, by ``tests/test_checks_drill.py``.
 """
 
 from __future__ import annotations
@@ -13,88 +14,13 @@ import re
 
 import numpy as np
 import pytest
-from drill_cells import define, drill_cells
+from drill_cells import CELLS, CHECKS, CORRECT_13, define
 from hypothesis import given
 from hypothesis import strategies as st
 
 import mha_course
 from mha_course import checks
-from mha_course.checks import CheckFailed, lesson13, lesson13_decoding, properties
-
-CHECKS = {
-    "13.1": "check_head_scale", "13.2": "check_causal_off_by_one",
-    "13.3": "check_mask_after_softmax", "13.4": "check_minus_inf_bias",
-    "13.5": "check_fully_masked_rows", "13.6": "check_merge_order",
-    "13.7": "check_output_width", "13.8": "check_dropout_scale", "13.9": "check_chunk_mask",
-    "13.10": "check_cache_reset", "13.11": "check_gqa_prefill", "13.12": "check_rope_values",
-    "13.13": "check_window_off_by_one", "13.14": "check_mla_cache_formula",
-    "13.15": "check_timed_build",
-}
-
-
-def _cells():
-    return drill_cells()
-
-
-def _define(source: str, prefix: str):
-    return define(source, prefix)
-
-
-CELLS = _cells()
-CORRECT_13 = {ex: (name, _define(CELLS[ex]["solution"], "")) for ex, name in CHECKS.items()}
-
-
-def test_the_notebook_has_every_exercise_and_every_check_is_exported():
-    # 13.1-13.15 are checked here; the drill's later exercises, from lessons 09-12, by
-    # tests/test_checks_lesson13_{generation,serving,parallel,block2025}.py.
-    numbers = sorted(int(x.split(".")[1]) for x in CELLS)
-    assert numbers == list(range(1, len(numbers) + 1)), "the drill's exercise ids have a gap"
-    assert [ex for ex in CELLS if int(ex.split(".")[1]) <= 15] == list(CHECKS)
-    assert set(CHECKS.values()) <= set(checks.__all__)
-    assert {n for n in lesson13.__all__ if n.startswith("check_")} == set(CHECKS.values())
-    assert all("broken" in CELLS[ex] for ex in CHECKS if ex != "13.15")
-
-
-# ------------------------------------------------------- the broken versions: property named
-BROKEN_PROPERTY = {
-    "13.1": properties.HEADS, "13.2": properties.SELF, "13.3": properties.SUMS,
-    "13.4": properties.FINITE, "13.5": properties.MASKED_ZERO, "13.6": properties.EQUIVARIANT,
-    "13.7": lesson13.FITS, "13.8": lesson13.EXPECTED, "13.9": properties.CACHED,
-    "13.10": lesson13_decoding.PROMPTS, "13.11": lesson13_decoding.GROUPS,
-    "13.12": lesson13_decoding.SHIFT, "13.13": lesson13_decoding.WINDOW,
-    "13.14": lesson13_decoding.MEASURED,
-}
-
-
-@pytest.mark.parametrize("ex", sorted(BROKEN_PROPERTY))
-def test_the_broken_version_fails_naming_the_property_it_breaks(ex, capsys):
-    broken = _define(CELLS[ex]["broken"], "buggy_")
-    capsys.readouterr()  # the cell's demo printed its numbers and diagnosis
-    with pytest.raises(CheckFailed) as info:
-        getattr(checks, CHECKS[ex])(broken)
-    message = str(info.value)
-    assert message.startswith(f"Exercise {ex}: property violated: {BROKEN_PROPERTY[ex]}. ")
-    assert "Likely mistake" not in message, "the broken version gets no hint"
-    assert capsys.readouterr().out == ""
-
-
-@pytest.mark.parametrize("ex", sorted(BROKEN_PROPERTY))
-def test_the_broken_cell_runs_and_diagnose_prints_the_same_property(ex, capsys):
-    _define(CELLS[ex]["broken"], "buggy_")
-    out = capsys.readouterr().out
-    assert f"Exercise {ex}: property violated: {BROKEN_PROPERTY[ex]}. " in out
-
-
-@pytest.mark.parametrize("ex", sorted(CHECKS))
-def test_the_solution_passes(ex, capsys):
-    name, fn = CORRECT_13[ex]
-    getattr(checks, name)(fn)
-    assert capsys.readouterr().out.startswith(f"Exercise {ex} passed: ")
-
-
-def test_diagnose_prints_a_pass_line_for_a_right_answer(capsys):
-    checks.diagnose(checks.check_causal_off_by_one, CORRECT_13["13.2"][1])
-    assert capsys.readouterr().out.startswith("Exercise 13.2 passed: ")
+from mha_course.checks import CheckFailed, drill, properties
 
 
 # ---------------------------------------------------- fixes that hide the symptom: still fail
@@ -276,7 +202,7 @@ def mla_rope_key_per_head(config, seq_len, batch=1, bytes_per_value=2):
     return config["num_hidden_layers"] * d * seq_len * batch * bytes_per_value
 
 
-P, L9, D9 = properties, lesson13, lesson13_decoding
+P, L9, D9 = properties, drill.attention, drill.decoding
 WRONG_FIXES = [
     ("13.1", heads_by_model_width_over_h, P.HEADS, r"√\(d_model / h\)"),
     ("13.2", causal_tril_triu_swapped, P.CAUSAL, r"wrong way round \(tril and triu swapped"),
@@ -479,7 +405,7 @@ def test_moved_reports_the_largest_change_and_treats_nan_as_a_change():
 # ------------------------------------------- property-based: any shape, not just the probes
 def _broken(ex):
     """The broken function of exercise ``ex``, without running its cell's demo lines."""
-    return _define(CELLS[ex]["broken"].split("\n\n\n")[0], "buggy_")
+    return define(CELLS[ex]["broken"].split("\n\n\n")[0], "buggy_")
 
 
 @given(T=st.integers(1, 9), d_k=st.integers(1, 5), d_v=st.integers(1, 5),

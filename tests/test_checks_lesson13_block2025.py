@@ -1,73 +1,20 @@
-"""Lesson 13's drill, part five (the 2025 attention block from lesson 12, 13.25 and 13.26): every
-broken function fails its check naming the property it breaks, the solution passes, and each
-named wrong fix is recognised.
+"""Lesson 13's drill, the 2025 attention block from lesson 12 (13.25 and 13.26,
+:mod:`mha_course.checks.drill.block2025`): each named wrong fix is recognised.
 
-The broken functions and the solutions are read from the notebook a learner sees:
-``solutions/13_interview_drill.ipynb``. The generic contract is tested by
-``tests/test_checks.py`` over :data:`CORRECT_13_BLOCK2025`.
+The broken functions and the solutions come from ``solutions/13_interview_drill.ipynb``
+through ``tests/drill_cells.py``; the drill's contract (each broken function fails naming
+the property it breaks, each solution passes, the stub is "not attempted") is tested once,
+over all 26 exercises, by ``tests/test_checks_drill.py``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from drill_cells import define, drill_cells
 
 import mha_course
 from mha_course import checks
-from mha_course.checks import CheckFailed, lesson13_block2025, properties
-
-CHECKS = {"13.25": "check_softcap_before_mask", "13.26": "check_per_head_qk_norm"}
-
-
-def _cells():
-    return drill_cells(CHECKS)
-
-
-def _define(source: str, prefix: str):
-    return define(source, prefix)
-
-
-CELLS = _cells()
-CORRECT_13_BLOCK2025 = {ex: (name, _define(CELLS[ex]["solution"], ""))
-                        for ex, name in CHECKS.items()}
-BROKEN_PROPERTY = {"13.25": properties.MASKED_ZERO, "13.26": lesson13_block2025.PER_HEAD}
-
-
-def test_every_check_is_exported_and_has_a_broken_and_a_solved_version():
-    assert set(lesson13_block2025.__all__) == set(CHECKS.values())
-    assert set(CHECKS.values()) <= set(checks.__all__)
-    assert all({"broken", "solution"} <= set(CELLS[ex]) for ex in CHECKS)
-
-
-@pytest.mark.parametrize("ex", sorted(CHECKS))
-def test_the_broken_version_fails_naming_the_property_it_breaks(ex, capsys):
-    broken = _define(CELLS[ex]["broken"], "buggy_")
-    capsys.readouterr()
-    with pytest.raises(CheckFailed) as info:
-        getattr(checks, CHECKS[ex])(broken)
-    message = str(info.value)
-    assert message.startswith(f"Exercise {ex}: property violated: {BROKEN_PROPERTY[ex]}. ")
-    assert "Likely mistake" not in message, "the broken version gets no hint"
-
-
-@pytest.mark.parametrize("ex", sorted(CHECKS))
-def test_the_broken_cell_runs_and_diagnose_prints_the_same_property(ex, capsys):
-    _define(CELLS[ex]["broken"], "buggy_")
-    assert f"Exercise {ex}: property violated: {BROKEN_PROPERTY[ex]}. " in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("ex", sorted(CHECKS))
-def test_the_solution_passes_and_the_stub_is_not_attempted(ex, capsys):
-    name, fn = CORRECT_13_BLOCK2025[ex]
-    getattr(checks, name)(fn)
-    assert capsys.readouterr().out.startswith(f"Exercise {ex} passed: ")
-
-    def stub(*args, **kwargs):
-        raise NotImplementedError(f"Exercise {ex}: the task")
-
-    with pytest.raises(NotImplementedError):
-        getattr(checks, name)(stub)
+from mha_course.checks import CheckFailed
 
 
 # ------------------------------------------------------------------ named wrong fixes

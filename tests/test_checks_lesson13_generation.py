@@ -1,76 +1,20 @@
-"""Lesson 13's drill, part two (generation bugs from lesson 09, 13.16 to 13.18): every broken
-function fails its check naming the property it breaks, the solution passes, and each named
-wrong fix is recognised.
+"""Lesson 13's drill, the generation bugs from lesson 09 (13.16 to 13.18,
+:mod:`mha_course.checks.drill.generation`): each named wrong fix is recognised.
 
-The broken functions and the solutions are read from the notebook a learner sees:
-``solutions/13_interview_drill.ipynb``. The generic contract (one stable success
-line, the stub passes through as "not attempted", ``None`` and exceptions fail) is tested by
-``tests/test_checks.py`` over :data:`CORRECT_13_GENERATION`.
+The broken functions and the solutions come from ``solutions/13_interview_drill.ipynb``
+through ``tests/drill_cells.py``; the drill's contract (each broken function fails naming
+the property it breaks, each solution passes, the stub is "not attempted") is tested once,
+over all 26 exercises, by ``tests/test_checks_drill.py``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from drill_cells import define, drill_cells
 
 import mha_course
 from mha_course import checks
-from mha_course.checks import CheckFailed, lesson13_generation, properties
-
-CHECKS = {"13.16": "check_nucleus", "13.17": "check_temperature",
-          "13.18": "check_decode_offset"}
-
-
-def _cells():
-    return drill_cells(CHECKS)
-
-
-def _define(source: str, prefix: str):
-    return define(source, prefix)
-
-
-CELLS = _cells()
-CORRECT_13_GENERATION = {ex: (name, _define(CELLS[ex]["solution"], ""))
-                         for ex, name in CHECKS.items()}
-BROKEN_PROPERTY = {"13.16": lesson13_generation.NUCLEUS,
-                   "13.17": lesson13_generation.TEMPERATURE, "13.18": properties.CACHED}
-
-
-def test_every_check_is_exported_and_has_a_broken_and_a_solved_version():
-    assert set(lesson13_generation.__all__) == set(CHECKS.values())
-    assert set(CHECKS.values()) <= set(checks.__all__)
-    assert all({"broken", "solution"} <= set(CELLS[ex]) for ex in CHECKS)
-
-
-@pytest.mark.parametrize("ex", sorted(CHECKS))
-def test_the_broken_version_fails_naming_the_property_it_breaks(ex, capsys):
-    broken = _define(CELLS[ex]["broken"], "buggy_")
-    capsys.readouterr()  # the cell's demo printed its numbers and diagnosis
-    with pytest.raises(CheckFailed) as info:
-        getattr(checks, CHECKS[ex])(broken)
-    message = str(info.value)
-    assert message.startswith(f"Exercise {ex}: property violated: {BROKEN_PROPERTY[ex]}. ")
-    assert "Likely mistake" not in message, "the broken version gets no hint"
-
-
-@pytest.mark.parametrize("ex", sorted(CHECKS))
-def test_the_broken_cell_runs_and_diagnose_prints_the_same_property(ex, capsys):
-    _define(CELLS[ex]["broken"], "buggy_")
-    assert f"Exercise {ex}: property violated: {BROKEN_PROPERTY[ex]}. " in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("ex", sorted(CHECKS))
-def test_the_solution_passes_and_the_stub_is_not_attempted(ex, capsys):
-    name, fn = CORRECT_13_GENERATION[ex]
-    getattr(checks, name)(fn)
-    assert capsys.readouterr().out.startswith(f"Exercise {ex} passed: ")
-
-    def stub(*args, **kwargs):
-        raise NotImplementedError(f"Exercise {ex}: the task")
-
-    with pytest.raises(NotImplementedError):
-        getattr(checks, name)(stub)
+from mha_course.checks import CheckFailed
 
 
 # ------------------------------------------------------------------ named wrong fixes
@@ -133,7 +77,7 @@ WRONG_FIXES = [
     ("nucleus-not-renormalised", "check_nucleus",
      lambda lg, p: _nucleus(lg, p, "not_renormalised"), r"renormalise what the filter keeps"),
     ("nucleus-calls-top-p-filter", "check_nucleus",
-     lambda lg, p: mha_course.softmax(mha_course.models.sampling.top_p_filter(lg, p)),
+     lambda lg, p: mha_course.softmax(mha_course.serving.sampling.top_p_filter(lg, p)),
      r"asks you to fix the filter; your answer calls .*top_p_filter"),
     ("temperature-twice", "check_temperature", lambda lg, t: _sampling(lg, t, "twice"),
      r"applied twice"),

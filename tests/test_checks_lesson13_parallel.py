@@ -1,74 +1,20 @@
-"""Lesson 13's drill, part four (13.22 to 13.24, from lesson 11): each broken function fails
-its check naming the property it breaks, the solution passes, each known wrong fix is named,
-and the stub is "not attempted".
+"""Lesson 13's drill, attention across devices and packed rows from lesson 11 (13.22 to
+13.24, :mod:`mha_course.checks.drill.parallel`): each known wrong fix is named.
 
-The broken functions and solutions are read from the cells a learner sees, in
-``solutions/13_interview_drill.ipynb``. The generic contract (one stable success
-line, ``None`` and exceptions fail) is tested by ``tests/test_checks.py`` over
-:data:`CORRECT_13_PARALLEL`.
+The broken functions and the solutions come from ``solutions/13_interview_drill.ipynb``
+through ``tests/drill_cells.py``; the drill's contract (each broken function fails naming
+the property it breaks, each solution passes, the stub is "not attempted") is tested once,
+over all 26 exercises, by ``tests/test_checks_drill.py``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from drill_cells import define, drill_cells
 
 import mha_course
 from mha_course import checks
-from mha_course.checks import CheckFailed, lesson13_parallel
-from mha_course.parallel.collectives import Cluster
-
-CHECKS = {"13.22": "check_row_parallel_bias", "13.23": "check_packed_documents",
-          "13.24": "check_lse_merge"}
-
-
-def _cells():
-    return drill_cells(CHECKS)
-
-
-def _define(source: str, prefix: str):
-    return define(source, prefix, Cluster=Cluster, print=lambda *a, **k: None)
-
-
-CELLS = _cells()
-CORRECT_13_PARALLEL = {ex: (name, _define(CELLS[ex]["solution"], ""))
-                       for ex, name in CHECKS.items()}
-BROKEN = {ex: _define(CELLS[ex]["broken"], "buggy_") for ex in CHECKS}
-
-
-def test_every_check_of_part_three_is_an_exercise_here():
-    assert set(lesson13_parallel.__all__) == set(CHECKS.values())
-    assert set(lesson13_parallel.__all__) <= set(checks.__all__)
-    assert sorted(CELLS) == sorted(CHECKS)
-
-
-@pytest.mark.parametrize("ex", sorted(CHECKS))
-def test_the_solution_passes(ex, capsys):
-    name, fn = CORRECT_13_PARALLEL[ex]
-    getattr(checks, name)(fn)
-    assert capsys.readouterr().out.startswith(f"Exercise {ex} passed: ")
-
-
-PROPERTY = {"13.22": lesson13_parallel.TP_EQUAL, "13.23": lesson13_parallel.DOCS,
-            "13.24": lesson13_parallel.MERGE}
-
-
-@pytest.mark.parametrize("ex", sorted(CHECKS))
-def test_the_broken_function_fails_with_its_property(ex, capsys):
-    with pytest.raises(CheckFailed) as info:
-        getattr(checks, CHECKS[ex])(BROKEN[ex])
-    assert str(info.value).startswith(f"Exercise {ex}: property violated: {PROPERTY[ex]}")
-    assert capsys.readouterr().out == ""
-
-
-@pytest.mark.parametrize("ex", sorted(CHECKS))
-def test_the_stub_is_not_attempted(ex, capsys):
-    def stub(*args, **kwargs):
-        raise NotImplementedError(f"Exercise {ex}: the one-line task")
-
-    with pytest.raises(NotImplementedError, match=rf"^Exercise {ex}: the one-line task$"):
-        getattr(checks, CHECKS[ex])(stub)
+from mha_course.checks import CheckFailed
 
 
 # ---------------------------------------------------------------------- the named wrong fixes

@@ -1,11 +1,10 @@
-"""Lesson 13's serving drill (13.19 to 13.21): every broken function fails its check naming the
-property it breaks, the solution passes, each known wrong fix is named, the stub is "not
-attempted".
+"""Lesson 13's drill, the serving bugs from lesson 10 (13.19 to 13.21,
+:mod:`mha_course.checks.drill.serving`): a fix that hides the symptom still fails, named.
 
-The cells are read from ``solutions/13_interview_drill.ipynb``, so what is tested is what is
-shipped. The generic contract (one stable success line, the stub passes
-through, ``None`` and exceptions fail) is tested by ``tests/test_checks.py`` over
-:data:`CORRECT_13_SERVING`.
+The broken functions and the solutions come from ``solutions/13_interview_drill.ipynb``
+through ``tests/drill_cells.py``; the drill's contract (each broken function fails naming
+the property it breaks, each solution passes, the stub is "not attempted") is tested once,
+over all 26 exercises, by ``tests/test_checks_drill.py``.
 """
 
 from __future__ import annotations
@@ -15,64 +14,10 @@ import itertools
 
 import numpy as np
 import pytest
-from drill_cells import define, drill_cells
+from drill_cells import CHECKS
 
 from mha_course import checks
-from mha_course.checks import CheckFailed, lesson13_serving
-from mha_course.serving.decoder import ContiguousCache
-
-CHECKS = {"13.19": "check_prefix_keys", "13.20": "check_speculative_rollback",
-          "13.21": "check_speculative_residual"}
-BROKEN_PROPERTY = {"13.19": lesson13_serving.PREFIX, "13.20": lesson13_serving.SPEC_GREEDY,
-                   "13.21": lesson13_serving.SPEC_SAMPLE}
-
-
-def _cells():
-    return drill_cells(CHECKS)
-
-
-def _define(source: str, prefix: str):
-    return define(source, prefix, ContiguousCache=ContiguousCache)
-
-
-CELLS = _cells()
-CORRECT_13_SERVING = {ex: (name, _define(CELLS[ex]["solution"], "")) for ex, name in CHECKS.items()}
-
-
-def test_every_exercise_has_its_broken_code_and_solution_and_every_check_is_exported():
-    assert sorted(CELLS) == sorted(CHECKS)
-    assert all({"broken", "solution"} <= set(CELLS[ex]) for ex in CHECKS)
-    assert set(lesson13_serving.__all__) == set(CHECKS.values()) <= set(checks.__all__)
-
-
-@pytest.mark.parametrize("ex", sorted(CHECKS))
-def test_the_broken_version_fails_naming_the_property_it_breaks(ex, capsys):
-    broken = _define(CELLS[ex]["broken"], "buggy_")
-    capsys.readouterr()  # the cell's demo printed its numbers and diagnosis
-    with pytest.raises(CheckFailed) as info:
-        getattr(checks, CHECKS[ex])(broken)
-    message = str(info.value)
-    assert message.startswith(f"Exercise {ex}: property violated: {BROKEN_PROPERTY[ex]}. ")
-    assert "Likely mistake" not in message, "the broken version gets no hint"
-
-
-@pytest.mark.parametrize("ex", sorted(CHECKS))
-def test_the_broken_cell_runs_and_diagnose_prints_the_same_property(ex, capsys):
-    _define(CELLS[ex]["broken"], "buggy_")
-    assert f"Exercise {ex}: property violated: {BROKEN_PROPERTY[ex]}. " in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("ex", sorted(CHECKS))
-def test_the_solution_passes_and_the_stub_is_not_attempted(ex, capsys):
-    name, fn = CORRECT_13_SERVING[ex]
-    getattr(checks, name)(fn)
-    assert capsys.readouterr().out.startswith(f"Exercise {ex} passed: ")
-
-    def stub(*args, **kwargs):
-        raise NotImplementedError(f"Exercise {ex}: the task")
-
-    with pytest.raises(NotImplementedError, match=f"Exercise {ex}: the task"):
-        getattr(checks, name)(stub)
+from mha_course.checks import CheckFailed, drill
 
 
 # ------------------------------------------------------------ fixes that hide the symptom
@@ -97,7 +42,7 @@ def keys_never_equal(tokens, bs):  # collision-free by construction, and never a
 
 
 def _speculative(target, draft, prompt, n_new, k, keep):
-    return lesson13_serving._speculative(target, draft, np.asarray(prompt), n_new, k, keep)
+    return drill.serving._speculative(target, draft, np.asarray(prompt), n_new, k, keep)
 
 
 def verify_from_p(p, q, x):
@@ -115,16 +60,16 @@ def verify_unnormalised(p, q, x):
 
 
 WRONG_FIXES = [
-    ("13.19", keys_with_the_index, lesson13_serving.PREFIX, "vllm-project/vllm PR #12603"),
-    ("13.19", keys_of_partial_blocks_too, lesson13_serving.FULL, "only the full blocks"),
-    ("13.19", keys_never_equal, lesson13_serving.HITS, None),
+    ("13.19", keys_with_the_index, drill.serving.PREFIX, "vllm-project/vllm PR #12603"),
+    ("13.19", keys_of_partial_blocks_too, drill.serving.FULL, "only the full blocks"),
+    ("13.19", keys_never_equal, drill.serving.HITS, None),
     ("13.20", functools.partial(_speculative, keep=lambda n, a: n + a),
-     lesson13_serving.SPEC_GREEDY, "lablup/mlxcel#994"),
-    ("13.20", functools.partial(_speculative, keep=lambda n, a: 0), lesson13_serving.SPEC_GREEDY,
+     drill.serving.SPEC_GREEDY, "lablup/mlxcel#994"),
+    ("13.20", functools.partial(_speculative, keep=lambda n, a: 0), drill.serving.SPEC_GREEDY,
      "paiml/aprender PR #2014"),
-    ("13.21", verify_from_p, lesson13_serving.SPEC_SAMPLE, "SafeAILab/EAGLE#329"),
-    ("13.21", verify_adjusting_one_token, lesson13_serving.SPEC_SAMPLE, "SafeAILab/EAGLE#20"),
-    ("13.21", verify_unnormalised, lesson13_serving.DIST, "normalise the residual"),
+    ("13.21", verify_from_p, drill.serving.SPEC_SAMPLE, "SafeAILab/EAGLE#329"),
+    ("13.21", verify_adjusting_one_token, drill.serving.SPEC_SAMPLE, "SafeAILab/EAGLE#20"),
+    ("13.21", verify_unnormalised, drill.serving.DIST, "normalise the residual"),
 ]
 
 

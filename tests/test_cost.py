@@ -1,4 +1,5 @@
-"""param_count and attention_flops, against hand counts, the layer and PyTorch."""
+"""param_count and attention_flops, against hand counts and the layer (PyTorch's
+count: the gold table of ``tests/test_torch_parity.py``)."""
 
 from __future__ import annotations
 
@@ -44,14 +45,6 @@ def test_param_count_equals_the_size_of_the_layers_arrays(d_model, h, d_k, d_v, 
     layer = MultiHeadAttention(d_model, h, d_k, d_v, bias=bias, rng=0)
     actual = sum(p.size for p in layer.parameters().values())
     assert param_count(d_model, h, d_k, d_v, bias=bias) == actual
-
-
-@pytest.mark.torch
-@pytest.mark.parametrize(("d_model", "h"), [(8, 1), (8, 2), (12, 3), (16, 8), (512, 8)])
-@pytest.mark.parametrize("bias", [False, True])
-def test_param_count_equals_torch(torch, d_model, h, bias):
-    module = torch.nn.MultiheadAttention(d_model, h, bias=bias, batch_first=True)
-    assert param_count(d_model, h, bias=bias) == sum(p.numel() for p in module.parameters())
 
 
 def test_param_count_is_a_python_int():

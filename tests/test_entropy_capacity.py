@@ -1,6 +1,6 @@
-"""Entropy, log-n scaling and the low-rank bottleneck (lesson 12): entropy against
-torch.distributions, log n for uniform rows, Qwen's log-n factor, the best rank-r fit exact at
-full rank, and the heads' mixture fit improving."""
+"""Entropy, log-n scaling and the low-rank bottleneck (lesson 12): entropy (against
+torch.distributions in ``tests/test_torch_parity.py``), log n for uniform rows, Qwen's log-n
+factor, the best rank-r fit exact at full rank, and the heads' mixture fit improving."""
 
 from __future__ import annotations
 
@@ -10,13 +10,6 @@ import pytest
 from mha_course import softmax
 from mha_course.models.head_capacity import best_rank_fit, fit_heads, total_variation
 from mha_course.variants.entropy import attention_entropy, logn_scale
-
-
-@pytest.mark.torch
-def test_entropy_equals_torch_categorical(torch, rng):
-    w = softmax(rng.normal(scale=3.0, size=(4, 7)))
-    ref = torch.distributions.Categorical(probs=torch.tensor(w)).entropy().numpy()
-    np.testing.assert_allclose(attention_entropy(w), ref, rtol=1e-12)
 
 
 def test_entropy_of_uniform_and_one_hot_rows():

@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import copy
 import csv
+import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import nbformat
 import pytest
+from cli_helpers import CRASH, FIXTURES, GOOD, HANG, WRONG, run_cli
 from cli_helpers import make_class as load_make_class
-from cli_helpers import run_cli
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
 from jupyter_client.manager import KernelManager
 
@@ -40,13 +42,10 @@ from mha_course.grading.notebooks import ExerciseError, id_key, info, notebook_t
 from mha_course.grading.report import format_result
 
 ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = ROOT / "tests" / "data" / "solutions"
 SOLUTIONS = ROOT / "solutions"
 EXERCISES = ROOT / "exercises"
 ANSI = re.compile(r"\x1b\[")
 ANSI_CODE = re.compile(r"\x1b\[[0-9;]*m")
-
-
 
 
 def learner_copy(exercise_nb: Path, target: Path, answers: dict, outputs_from: Path | None = None):
@@ -65,12 +64,6 @@ def learner_copy(exercise_nb: Path, target: Path, answers: dict, outputs_from: P
     target.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, target)
     return target
-
-
-GOOD = {"98.1": "def double(x):\n    return x * 2", "98.2": "answer = 6 * 7\nprint('debug')"}
-WRONG = {"98.1": "def double(x):\n    print('debug')\n    return x + x + 1", "98.2": "answer = 42"}
-HANG = {"98.1": "def double(x):\n    while True:\n        pass", "98.2": "answer = 42"}
-CRASH = {"98.1": "import os\nos._exit(1)", "98.2": "answer = 42"}
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +143,6 @@ def test_generate_does_not_overwrite_a_learners_work_without_force(tmp_path):
 
 
 # ------------------------------------------------------------------------------------- check
-
 
 
 def test_stubs_are_not_attempted_and_solutions_pass(fixture_exercises):
@@ -520,17 +512,33 @@ def test_a_failed_check_in_a_notebook_shows_a_few_lines_not_the_checkers_traceba
     assert len(lines) == 3 and lines[2].startswith("CheckFailed: Exercise 03.3: your mask"), lines
 
 
-def test_make_check_with_a_bad_lesson_lists_the_lessons_and_make_adds_no_error_line():
-    out = subprocess.run(["make", "check", "EX=42"], cwd=ROOT, capture_output=True, text=True)
+@pytest.fixture(scope="module")
+def ready_venv(tmp_path_factory):
+    """``VENV=...`` for make: a virtual environment make takes as set up (its ``bin/python``
+    runs this interpreter, its install stamp is newer than pyproject.toml), so ``make check``
+    runs its recipe at once instead of building .venv first (pip install -e ., minutes)."""
+    venv = tmp_path_factory.mktemp("venv")
+    (venv / "bin").mkdir()
+    python = venv / "bin" / "python"
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+    (venv / ".installed").touch()
+    os.utime(venv / ".installed", (time.time() + 60,) * 2)  # newer than pyproject.toml
+    return f"VENV={venv}"
+
+
+def test_make_check_with_a_bad_lesson_lists_the_lessons_and_make_adds_no_error_line(ready_venv):
+    out = subprocess.run(["make", "check", "EX=42", ready_venv], cwd=ROOT, capture_output=True,
+                         text=True)
     text = out.stdout + out.stderr
     assert "no exercise notebook for lesson '42'" in text
     assert "the lessons are: 01 02 03 04" in text
     assert "Error" not in text.replace("error: ", "")
 
 
-def test_make_check_ex_3_checks_lesson_03_without_makes_error_line():
-    out = subprocess.run(["make", "check", "EX=3"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=900)
+def test_make_check_ex_3_checks_lesson_03_without_makes_error_line(ready_venv):
+    out = subprocess.run(["make", "check", "EX=3", ready_venv], cwd=ROOT, capture_output=True,
+                         text=True, timeout=900)
     text = out.stdout + out.stderr
     assert "exercises/03_single_head_attention.ipynb (checked against" in text
     assert "Exercise 03.1  " in text and "make: ***" not in text and "Error 1" not in text

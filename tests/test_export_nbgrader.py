@@ -198,3 +198,44 @@ def test_autograde_put_back_the_locked_checks_and_graded_each_check_cell(graded)
                                           "causal_self_attention)"]
     failed = [any(o.output_type == "error" for o in c.outputs) for c in checks]
     assert failed == [True, False, True]
+
+
+#: A hostile submission's first answer cell: every check becomes a no-op in its own kernel.
+FAKE_CHECKS = ("import mha_course.checks as _checks\n"
+               "for _name in dir(_checks):\n"
+               "    if _name.startswith('check_'):\n"
+               "        setattr(_checks, _name, lambda *args, **kwargs: None)\n")
+
+
+def test_a_faked_check_earns_every_nbgrader_point_and_nothing_from_the_checker(exported,
+                                                                               tmp_path):
+    """The gap the README's nbgrader section states: nbgrader runs each check in the student's
+    kernel, after the student's cells, so one answer cell that replaces the checks earns every
+    point of the assignment there, answering nothing; the course's checker (grading mode: the
+    checks run in the grader) gives the same notebook 0."""
+    executable = nbgrader_executable()
+    source, _ = exported
+    course = tmp_path / "course"
+    shutil.copytree(source, course)
+    nbgrader(executable, "generate_assignment", "hw1", cwd=course)
+    nb = nbformat.read(course / "release" / "hw1" / "hw1.ipynb", as_version=4)
+    answers = [c for c in nb.cells if c.metadata["nbgrader"].get("solution")]
+    assert [c.metadata["mha_course"]["exercise"] for c in answers] == IDS
+    assert all("raise NotImplementedError()" in c.source for c in answers)  # nothing answered
+    answers[0].source = FAKE_CHECKS + answers[0].source
+    target = course / "submitted" / "hostile" / "hw1" / "hw1.ipynb"
+    target.parent.mkdir(parents=True)
+    nbformat.write(nb, target)
+    ours = tmp_path / "ours.csv"
+    code, report = run_cli("check", course / "submitted", "--assignment",
+                           course / "hw1.assignment.json", "--csv", ours, cwd=ROOT)
+    assert code == 0, report
+    nbgrader(executable, "autograde", "hw1", cwd=course)
+    nbgrader(executable, "export", cwd=course)
+    with open(course / "grades.csv", newline="") as f:
+        theirs = {row["student_id"]: row for row in csv.DictReader(f)}
+    with open(ours, newline="") as f:
+        ours_row = {row["student"]: row for row in csv.DictReader(f)}["hostile"]
+    assert float(theirs["hostile"]["score"]) == float(theirs["hostile"]["max_score"]) == 7
+    assert float(ours_row["total"]) == 0 and float(ours_row["max"]) == 7, report
+    assert [ours_row[f"{x} status"] for x in IDS] == ["not attempted"] * 3, report

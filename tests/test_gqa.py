@@ -2,8 +2,9 @@
 
 Query head ``i`` reads key/value head ``i // (h // g)`` (torch's ``enable_gqa=True`` grouping).
 Checked against a loop over query heads, an explicit ``np.repeat`` of the K/V heads through the
-package's standard attention, and torch's ``F.scaled_dot_product_attention(..., enable_gqa=True)``
-after the same projections; ``n_kv_heads = h`` must be the standard layer, bit for bit.
+package's standard attention, and (in ``tests/test_torch_parity.py``'s gold table) torch's
+``F.scaled_dot_product_attention(..., enable_gqa=True)`` after the same projections;
+``n_kv_heads = h`` must be the standard layer, bit for bit.
 """
 
 from __future__ import annotations
@@ -35,8 +36,6 @@ random_layer = functools.partial(
 )
 MHA = "MultiHeadAttention"
 FPH = "MultiHeadAttention.from_per_head"
-
-
 
 
 def projections(layer, x, context):
@@ -152,33 +151,6 @@ def test_gqa_equals_repeating_kv_heads_through_standard_attention(rng, g, case):
     heads, ref_weights = scaled_dot_product_attention(q, k, v, mask=head_mask)
     np.testing.assert_allclose(weights, ref_weights, rtol=0, atol=TOL)
     np.testing.assert_allclose(out, output(layer, heads), rtol=0, atol=TOL)
-
-
-@pytest.mark.torch
-@pytest.mark.parametrize("g", [1, 2, 4])
-@pytest.mark.parametrize("case", list(CASES))
-def test_gqa_matches_torch_sdpa_with_enable_gqa(torch, rng, g, case):
-    layer = random_layer(rng, n_kv_heads=g)
-    x, context, mask = make_case(rng, case)
-    out, _ = layer(x, context=context, mask=mask)
-    # The projections in torch, from the same float64 weights (torch: x @ W, as ours).
-    P = {name: torch.from_numpy(p) for name, p in layer.parameters().items()}
-    xt = torch.from_numpy(x)
-    ct = xt if context is None else torch.from_numpy(context)
-
-    def heads(inp, W, b, n):  # (..., T, n*d) -> (..., n, T, d)
-        y = inp @ W + b
-        return y.unflatten(-1, (n, -1)).transpose(-3, -2)
-
-    q = heads(xt, P["W_q"], P["b_q"], H)
-    k = heads(ct, P["W_k"], P["b_k"], g)
-    v = heads(ct, P["W_v"], P["b_v"], g)
-    # torch's bool attn_mask says True = may attend, like ours; one mask for every head
-    tmask = None if mask is None else torch.from_numpy(mask[..., None, :, :])
-    o = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=tmask,
-                                                         enable_gqa=True)
-    ref = o.transpose(-3, -2).flatten(-2) @ P["W_o"] + P["b_o"]
-    assert float(np.max(np.abs(out - ref.numpy()))) <= TOL
 
 
 def test_gqa_forward_never_holds_repeated_keys_or_values():

@@ -44,7 +44,7 @@ from mha_course.grading.outputs import backup, plan_outputs
 from mha_course.grading.verdicts import NotebookResult, Verdict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_exercise_tools import CRASH, FIXTURES, GOOD, HANG, WRONG, run_cli  # noqa: E402
+from cli_helpers import CRASH, FIXTURES, GOOD, HANG, WRONG, run_cli  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = ROOT / "solutions"
@@ -396,15 +396,47 @@ def test_every_real_solution_passes_in_grading_mode_with_a_probe_seed(tmp_path):
     ids = list(catalog)
     answered = write(build_bundle(ids, SOLUTIONS, stub=False), tmp_path / "all.ipynb")
     hw = make_assignment(ids, catalog, probe_seed=3)
-    # a generous cell timeout: 13.8's check calls the function 8,000 times through the proxy
-    # (about 12 s on a quiet machine, several times that on a loaded one); this test is
-    # about verdicts, not speed
+    # a generous cell timeout: a loaded machine runs the whole course's checks slowly; this
+    # test is about verdicts, not speed
     result = Checker.create(SOLUTIONS, timeout=300, hidden=[tmp_path], assignment=hw).check(
         answered)
     failed = {v.exercise: v.message for v in result.verdicts if v.status != "passed"}
     assert not failed, failed
     assert [v.exercise for v in result.verdicts] == ids
 
+
+
+DROPOUT_TIMES = ("def attention_dropout(weights, p, rng, training=True):\n"
+                 "    if not training:\n"
+                 "        return weights\n"
+                 "    keep = np.random.default_rng(rng).random(weights.shape) >= p\n"
+                 "    return np.where(keep, weights * (1 - p), 0.0)\n")
+DROPOUT_TIRES = ("_draws = [0]\n\n\n"
+                 "def attention_dropout(weights, p, rng, training=True):\n"
+                 "    _draws[0] += 1\n"
+                 "    if _draws[0] > 100:\n"
+                 "        raise RuntimeError('out of masks')\n"
+                 "    if not training:\n"
+                 "        return weights\n"
+                 "    keep = np.random.default_rng(rng).random(weights.shape) >= p\n"
+                 "    return np.where(keep, weights / (1 - p), 0.0)\n")
+
+
+@pytest.mark.parametrize("source, expected", [
+    (DROPOUT_TIMES, "you multiplied the survivors by 1 - p"),
+    (DROPOUT_TIRES, "out of masks"),
+], ids=["wrong-scale", "raises-on-draw-99"])
+def test_13_8s_draws_run_in_the_kernel_in_one_request_and_are_judged_in_the_grader(
+        tmp_path, source, expected):
+    """13.8's check draws 8,000 masks (``harness.repeat``): in grading mode the draws run in
+    the kernel as one request, not 8,000 round trips, and the grader still judges them: a wrong
+    scale fails with its likely mistake, an answer that raises on a later draw with its error."""
+    bundle = build_bundle(["13.8"], SOLUTIONS, stub=False)
+    nb = write(answer(bundle, {"13.8": source}), tmp_path / "sub" / "hw.ipynb")
+    hw = make_assignment(["13.8"], exercises(SOLUTIONS))
+    result = Checker.create(SOLUTIONS, timeout=120, hidden=[tmp_path], assignment=hw).check(nb)
+    [verdict] = result.verdicts
+    assert verdict.status == "failed" and expected in verdict.message, verdict
 
 
 def test_only_the_exercises_named_in_in_kernel_keep_their_check_in_the_kernel():

@@ -7,7 +7,7 @@ import pytest
 
 from mha_course import MultiHeadAttention, causal_mask
 from mha_course.backward import backward
-from mha_course.lean import lean_forward
+from mha_course.kernels.lean import lean_forward
 from mha_course.parallel.tensor import TensorParallelAttention
 from mha_course.serving.split_kv import split_kv_decode_step
 

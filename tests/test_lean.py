@@ -1,4 +1,5 @@
-"""The memory-lean forward (``mha_course.lean``) equals the readable one, in values and errors.
+"""The memory-lean forward (``mha_course.kernels.lean``) equals the readable one, in values and
+errors.
 
 ``lean_forward`` carries the speed and memory targets (``benchmarks/attention.py``); the layer's
 ``forward`` is what the lessons teach. Like ``tiled_attention`` against
@@ -17,9 +18,9 @@ import conftest
 import numpy as np
 import pytest
 
-from mha_course import MultiHeadAttention, causal_mask, padding_mask
-from mha_course import lean as lean_module
-from mha_course.lean import exp_is_safe, lean_forward
+from mha_course import MultiHeadAttention, causal_mask, padding_mask, softmax
+from mha_course.kernels import lean as lean_module
+from mha_course.kernels.lean import exp_is_safe, lean_forward
 
 B, T, S, H, D_K, D_V, D_MODEL = 2, 3, 5, 4, 6, 7, 10
 # the shared helper (tests/conftest.py) with this module's sizes
@@ -161,3 +162,21 @@ def test_lean_peak_memory_is_the_weights_plus_q_k_v(n):
     readable = peak_extra_bytes(lambda: layer(x))
     assert lean <= 1.25 * weights_bytes + lean_module.BLOCK_BYTES, lean / weights_bytes
     assert lean < readable
+
+
+@pytest.mark.parametrize("mask_shape", [None, (7,), (50, 7), (3, 1, 7), (3, 50, 7), (1, 50, 1)])
+@pytest.mark.parametrize("block_bytes", [1, 400, 1000, 10**9])  # rows per block: 1, 2, 5, all
+def test_large_arrays_done_in_blocks_of_rows_equal_the_whole_array(rng, monkeypatch,
+                                                                    mask_shape, block_bytes):
+    """lean.softmax_rows normalises an array larger than 4 * SOFTMAX_BLOCK_BYTES a block of rows
+    at a time (for the cache): every block size and mask shape gives the whole-array result,
+    shifted or not."""
+    x = rng.normal(size=(3, 50, 7)) * 20  # a row of all leading axes: 3·7·8 = 168 bytes
+    mask = None if mask_shape is None else rng.random(mask_shape) < 0.6
+    want = softmax(x, mask=mask)  # small: one block
+    monkeypatch.setattr(lean_module, "SOFTMAX_BLOCK_BYTES", block_bytes)
+    got = lean_module.softmax_rows(x.copy(), mask=mask)
+    np.testing.assert_array_equal(got, want)
+    assert not np.isnan(got).any()
+    unshifted = lean_module.softmax_rows(x.copy() / 20, mask=mask, shift=False)
+    np.testing.assert_allclose(unshifted, softmax(x / 20, mask=mask), rtol=1e-12, atol=1e-300)

@@ -45,10 +45,23 @@ def test_the_timing_cell_ignores_its_output_and_calls_the_check():
     assert cell.source.index("check_decode_timings(") < first_print, "check before printing"
 
 
-def test_sane_timings_pass(check_decode_timings):
-    cached = [1e-4] * 6
-    recompute = [2e-4, 4e-4, 1e-3, 4e-3, 2e-2, 8e-2]
-    check_decode_timings(NS, cached, recompute)
+def _refusal(check, *timings):
+    """What the check says against ``timings``: its AssertionError's message, or None."""
+    try:
+        check(NS, *timings)
+    except AssertionError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.parametrize("cached, recompute", [
+    ([1e-4] * 6, [2e-4, 4e-4, 1e-3, 4e-3, 2e-2, 8e-2]),  # what the lesson shows
+    # only the longest prompt must show the cache winning: at small n the recomputed forward
+    # may be the faster one (the step's fixed costs), and the cell still says nothing false
+    ([1e-4] * 6, [5e-5, 5e-5, 5e-5, 5e-5, 5e-5, 1.01e-4]),
+])
+def test_sane_timings_pass(check_decode_timings, cached, recompute):
+    assert _refusal(check_decode_timings, cached, recompute) is None
 
 
 @pytest.mark.parametrize("cached, recompute, message", [
@@ -70,4 +83,4 @@ def test_the_committed_output_passes_the_check(check_decode_timings):
     assert [int(n) for n, _, _ in rows] == NS, f"unexpected committed output: {text[:200]!r}"
     cached = [float(a) / 1e3 for _, a, _ in rows]
     recompute = [float(b) / 1e3 for _, _, b in rows]
-    check_decode_timings(NS, cached, recompute)
+    assert _refusal(check_decode_timings, cached, recompute) is None

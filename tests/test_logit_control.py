@@ -1,4 +1,5 @@
-"""Soft-capping and QK-norm (lesson 12): the formulas against PyTorch and central differences,
+"""Soft-capping and QK-norm (lesson 12): the formulas against central differences (and PyTorch:
+``tests/test_torch_parity.py``),
 the cap's bound, the refusal of a masked (infinite) logit, QK-norm's fixed norms whatever the
 projections' scale, and ``logit_stats`` against a direct computation."""
 
@@ -103,17 +104,3 @@ def test_logit_stats_skips_fully_masked_rows(rng):
     w = softmax(s, mask=m)[:, 1:]
     ent = -(w * np.log(w)).sum(-1).mean(axis=-1)
     np.testing.assert_allclose(stats["entropy"], ent, rtol=1e-12)
-
-
-@pytest.mark.torch
-def test_soft_cap_and_qk_norm_match_torch(torch, rng):
-    x = rng.normal(scale=30.0, size=(2, 3, 4, 8))
-    theirs = 50.0 * torch.tanh(torch.from_numpy(x) / 50.0)
-    np.testing.assert_allclose(soft_cap(x, 50.0), theirs.numpy(), rtol=1e-12)
-    w = rng.normal(size=8)
-    rms = torch.nn.functional.rms_norm(torch.from_numpy(x), (8,), torch.from_numpy(w), eps=1e-6)
-    np.testing.assert_allclose(qk_norm(x, w, 1e-6), rms.numpy(), rtol=1e-10)
-    xt = torch.from_numpy(x).requires_grad_()
-    g = rng.normal(size=x.shape)
-    (50.0 * torch.tanh(xt / 50.0) * torch.from_numpy(g)).sum().backward()
-    np.testing.assert_allclose(soft_cap_backward(g, x, 50.0), xt.grad.numpy(), rtol=1e-10)

@@ -401,20 +401,23 @@ def test_attend_heads_reads_kv_head_i_over_h_by_g_for_query_head_i(rng, g):
         np.testing.assert_allclose(weights[:, i], want_w, rtol=1e-12, atol=1e-12)
 
 
-def test_forward_and_every_step_attend_through_scaled_dot_product_attention(rng, monkeypatch):
-    """One attention path: forward, step and decode_step each call lesson 03's
-    scaled_dot_product_attention once (through attend_heads for the steps)."""
+def test_forward_and_every_step_attend_through_one_sdpa_kernel(rng, monkeypatch):
+    """One attention path: forward, step and decode_step each run lesson 03's attention once,
+    through its kernel ``sdpa_unchecked`` (the layer validated its input already; the steps go
+    through attend_heads), the one place scaled_dot_product_attention's formula is written."""
+    import mha_course.attention as attention_module
     import mha_course.heads as heads_module
 
     calls = []
-    real = multihead_module.scaled_dot_product_attention
+    real = attention_module.sdpa_unchecked
 
-    def spy(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
+    def spy(q, k, v, mask=None, scale=None, **hooks):
+        calls.append((q.shape, k.shape, None if mask is None else np.shape(mask)))
+        return real(q, k, v, mask, scale, **hooks)
 
-    monkeypatch.setattr(multihead_module, "scaled_dot_product_attention", spy)
-    monkeypatch.setattr(heads_module, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(multihead_module, "sdpa_unchecked", spy)  # the forward's kernel call
+    monkeypatch.setattr(heads_module, "sdpa_unchecked", spy)  # the steps' (attend_heads)
+    monkeypatch.setattr(attention_module, "sdpa_unchecked", spy)  # what the public function runs
     layer = conftest.random_layer(rng, d_model=12, h=4, n_kv_heads=2)
     x = rng.normal(size=(B, T, 12))
     layer(x, mask=causal_mask(T))

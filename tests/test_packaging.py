@@ -161,9 +161,10 @@ def package_map() -> dict[str, tuple[str, list[str]]]:
 
 #: The package's wings, in the order imports point: a module may import its own wing and the
 #: wings after it in this list, never one before it (the top level, "", is the attention itself).
-WINGS = ["widgets", "grading", "checks", "models", "serving", "parallel", "variants", ""]
+WINGS = ["widgets", "grading", "checks", "models", "serving", "parallel", "variants", "kernels",
+         ""]
 #: Wings mapped module by module in the README; the others appear as one row each.
-MAPPED_WINGS = ["models", "serving", "widgets", "parallel", "variants"]
+MAPPED_WINGS = ["models", "serving", "widgets", "parallel", "variants", "kernels"]
 
 
 def package_units() -> dict[str, Path]:

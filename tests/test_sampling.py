@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mha_course.models.sampling import (
+from mha_course.serving.sampling import (
     apply_temperature,
     greedy,
     next_token,

@@ -12,10 +12,10 @@ from mha_course.serving.decoder import (
     ContiguousCache,
     Decoder,
     generate_alone,
-    probabilities,
     sample_token,
 )
 from mha_course.serving.paged import PagedStore
+from mha_course.serving.sampling import probabilities
 
 DEC = Decoder.random(vocab=17, d_model=24, n_layers=2, h=4, n_kv_heads=2, rng=3)
 

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mha_course.serving.decoder import ContiguousCache, Decoder, generate_alone, probabilities
+from mha_course.serving.decoder import ContiguousCache, Decoder, generate_alone
+from mha_course.serving.sampling import probabilities
 from mha_course.serving.speculative import (
     acceptance_probability,
     acceptance_rate,

@@ -1,7 +1,8 @@
 """Learned sinks and StreamingLLM's mask (lesson 12): the sink softmax equals gpt-oss's
 reference (an extra column, softmaxed, dropped) and the closed form; rows sum to 1 - p_sink; a
 fully masked row goes all to the sink with output 0; the backward against central differences
-and PyTorch autograd; ``streaming_mask`` against its definition."""
+(and PyTorch autograd: ``tests/test_torch_parity.py``); ``streaming_mask`` against its
+definition."""
 
 from __future__ import annotations
 
@@ -88,27 +89,6 @@ def test_sink_backward_matches_central_differences(rng):
         dn[i] -= eps
         num = ((softmax_with_sink(s, up)[0] - softmax_with_sink(s, dn)[0]) * g).sum()
         assert dsink[i] == pytest.approx(num / (2 * eps), rel=1e-6)
-
-
-@pytest.mark.torch
-def test_sink_attention_and_its_gradients_match_torch(torch, rng):
-    q, k, v = (rng.normal(size=(2, 3, 5, 4)) for _ in range(3))
-    sink = rng.normal(size=3)
-    mask = causal_mask(5)
-    out, w, p = sink_attention(q, k, v, sink, mask)
-    tq, tk, tv = (torch.from_numpy(a).requires_grad_() for a in (q, k, v))
-    ts = torch.from_numpy(sink).requires_grad_()
-    scores = tq @ tk.transpose(-1, -2) / 2.0
-    scores = scores.masked_fill(~torch.from_numpy(mask), float("-inf"))
-    col = ts.reshape(1, 3, 1, 1).expand(2, 3, 5, 1)
-    tw = torch.softmax(torch.cat([scores, col], dim=-1), dim=-1)[..., :-1]
-    t_out = tw @ tv
-    np.testing.assert_allclose(out, t_out.detach().numpy(), rtol=1e-12)
-    g = rng.normal(size=out.shape)
-    (t_out * torch.from_numpy(g)).sum().backward()
-    dw = g @ np.swapaxes(v, -1, -2)
-    _, dsink = softmax_with_sink_backward(dw, w, p)
-    np.testing.assert_allclose(dsink, ts.grad.numpy(), rtol=1e-10)
 
 
 @pytest.mark.parametrize(("T", "n_sink", "window", "S"), [(6, 1, 2, None), (4, 4, 3, 10),

@@ -1,6 +1,6 @@
 """The sliding-window mask: its definition, its bottom-right alignment, and the windowed forward
-against PyTorch's ``F.scaled_dot_product_attention`` (explicit masks, ``enable_gqa=True``) and
-against a decode with a rolling buffer.
+against a decode with a rolling buffer (against PyTorch's ``F.scaled_dot_product_attention``,
+explicit masks and ``enable_gqa=True``: ``tests/test_torch_parity.py``'s gold table).
 
 ``sliding_window_mask(T, window, S)``: query ``t`` sits at position ``p = S - T + t`` and may
 attend to key ``s`` iff ``p - window < s <= p``.
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mha_course import causal_mask, scaled_dot_product_attention, sliding_window_mask
+from mha_course import causal_mask, sliding_window_mask
 
 # Every dimension different: B=2, h=6, g in {6, 3, 2, 1}, d_k=4, d_v=5, d_model=14.
 B, H, D_K, D_V, D_MODEL = 2, 6, 4, 5, 14
@@ -77,54 +77,3 @@ def test_bottom_right_alignment_for_a_chunk_over_a_longer_cache():
 def test_bad_sizes_are_named_errors(args, message):
     with pytest.raises(ValueError, match="^" + message.replace(".", r"\.") + "$"):
         sliding_window_mask(*args)
-
-
-# ----------------------------------------------------------------------- against PyTorch
-@pytest.mark.torch
-@pytest.mark.parametrize("g", [6, 3, 2, 1])
-@pytest.mark.parametrize("window", [1, 3, 8])
-def test_windowed_forward_matches_torch_sdpa_with_enable_gqa(torch, rng, g, window):
-    T = 8
-    layer = random_layer(rng, n_kv_heads=g)
-    x = rng.normal(size=(B, T, D_MODEL))
-    mask = sliding_window_mask(T, window)
-    out, weights = layer(x, mask=mask)
-    P = {name: torch.from_numpy(p) for name, p in layer.parameters().items()}
-    xt = torch.from_numpy(x)
-
-    def heads(W, b, n):  # (B, T, n*d) -> (B, n, T, d)
-        return (xt @ W + b).unflatten(-1, (n, -1)).transpose(-3, -2)
-
-    q, k, v = heads(P["W_q"], P["b_q"], H), heads(P["W_k"], P["b_k"], g), heads(
-        P["W_v"], P["b_v"], g)
-    # torch's bool attn_mask says True = may attend, like ours
-    o = torch.nn.functional.scaled_dot_product_attention(
-        q, k, v, attn_mask=torch.from_numpy(mask), enable_gqa=True)
-    ref = o.transpose(-3, -2).flatten(-2) @ P["W_o"] + P["b_o"]
-    assert float(np.max(np.abs(out - ref.numpy()))) <= 1e-12
-    # the weights, from torch's own matmul and softmax over the same masked scores
-    kk = k.repeat_interleave(H // g, dim=-3)  # query head i reads K/V head i // (h/g)
-    scores = (q @ kk.transpose(-1, -2)) / np.sqrt(D_K)
-    ref_w = torch.softmax(scores.masked_fill(~torch.from_numpy(mask), float("-inf")), dim=-1)
-    assert float(np.max(np.abs(weights - ref_w.numpy()))) <= 1e-12
-
-
-@pytest.mark.torch
-def test_a_chunk_over_a_longer_cache_matches_torch_with_the_bottom_right_mask(torch, rng):
-    # torch's is_causal=True aligns the triangle top-left; the explicit bottom-right mask is
-    # what a chunk of new tokens over a cache needs, and what ours gives.
-    T, S, window = 3, 7, 4
-    q, k, v = rng.normal(size=(2, H, T, D_K)), rng.normal(size=(2, H, S, D_K)), rng.normal(
-        size=(2, H, S, D_V))
-    qt, kt, vt = (torch.from_numpy(a) for a in (q, k, v))
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-    for mask in (causal_mask(T, S), sliding_window_mask(T, window, S)):
-        ours, _ = scaled_dot_product_attention(q, k, v, mask=mask)
-        theirs = sdpa(qt, kt, vt, attn_mask=torch.from_numpy(mask))
-        assert float(np.max(np.abs(ours - theirs.numpy()))) <= 1e-12
-    top_left = sdpa(qt, kt, vt, is_causal=True).numpy()
-    np.testing.assert_allclose(
-        top_left, scaled_dot_product_attention(q, k, v, mask=np.tril(np.ones((T, S), bool)))[0],
-        rtol=0, atol=1e-12)
-    bottom_right, _ = scaled_dot_product_attention(q, k, v, causal_mask(T, S))
-    assert np.abs(top_left - bottom_right).max() > 0.1  # the two alignments really differ

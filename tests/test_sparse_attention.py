@@ -1,4 +1,5 @@
-"""Sparse attention (lesson 12): top-k masks against torch.topk, the lightning indexer against
+"""Sparse attention (lesson 12): top-k masks (against torch.topk in
+``tests/test_torch_parity.py``), the lightning indexer against
 its sum written out, NSA's block selection keeping the forced blocks and staying causal, each
 NSA branch against PyTorch SDPA on its mask, mass kept and FLOPs against counts by hand."""
 
@@ -17,16 +18,6 @@ from mha_course.variants.sparse_attention import (
     sparse_flops,
     topk_mask,
 )
-
-
-@pytest.mark.torch
-def test_topk_mask_keeps_the_same_keys_as_torch_topk(torch, rng):
-    s = rng.normal(size=(3, 5, 11))  # distinct scores: no ties
-    keep = topk_mask(s, 4)
-    idx = torch.topk(torch.tensor(s), 4, dim=-1).indices.numpy()
-    ref = np.zeros_like(keep)
-    np.put_along_axis(ref, idx, True, axis=-1)
-    np.testing.assert_array_equal(keep, ref)
 
 
 def test_topk_mask_never_keeps_a_masked_key(rng):

@@ -1,7 +1,8 @@
 """``tiled_attention``: the online-softmax, tile-by-tile attention equals standard attention.
 
-Checked against the package's ``scaled_dot_product_attention`` and against torch's
-``F.scaled_dot_product_attention`` (float64 to 1e-12, float32 to 1e-5), for every block size
+Checked against the package's ``scaled_dot_product_attention`` (and against torch's
+``F.scaled_dot_product_attention``, float64 to 1e-12, float32 to 1e-5, in
+``tests/test_torch_parity.py``'s gold table), for every block size
 that does or does not divide S, masks, causal (bottom-right aligned, as ``causal_mask``),
 T != S, batch axes, fully masked rows, huge scores; that it never allocates a (T, S) array;
 that causal skips the tiles above the diagonal; and that bad input gets the same messages as
@@ -18,7 +19,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import mha_course.tiled as tiled_module
+import mha_course.kernels.lean as lean_module
+import mha_course.kernels.tiled as tiled_module
 from mha_course import (
     causal_mask,
     logsumexp,
@@ -26,6 +28,7 @@ from mha_course import (
     scaled_dot_product_attention,
     tiled_attention,
 )
+from mha_course.kernels.lean import lean_tiled_attention
 
 TOL = {np.float64: 1e-12, np.float32: 1e-5}  # max abs difference from the reference
 # Every dimension different: B=2, h=3, T=11, S=13, d_k=4, d_v=6.
@@ -264,14 +267,14 @@ def test_mask_is_sliced_not_expanded(rng):
 def count_visited_tiles(monkeypatch, call) -> int:
     """Run ``call`` while counting the (query block, key block) tiles the loop computes."""
     visited = []
-    original = tiled_module._key_blocks
+    original = tiled_module.key_blocks
 
     def counting(*args, **kwargs):
         for s0, s1 in original(*args, **kwargs):
             visited.append((s0, s1))
             yield s0, s1
 
-    monkeypatch.setattr(tiled_module, "_key_blocks", counting)
+    monkeypatch.setattr(tiled_module, "key_blocks", counting)
     call()
     return len(visited)
 
@@ -298,59 +301,6 @@ def test_causal_skips_tiles_above_the_diagonal(
     assert count_visited_tiles(monkeypatch, call) == expected
     # ... and skipping changed nothing: the output is still standard attention's.
     assert max_abs_diff(result["out"], reference(q, k, v, causal=causal)) <= TOL[np.float64]
-
-
-# ------------------------------------------------------------------------ parity with torch
-@pytest.mark.torch
-@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
-@pytest.mark.parametrize("kind", MASK_KINDS)
-@pytest.mark.parametrize("block_size", BLOCKS)
-@pytest.mark.parametrize(("T_", "S_"), [(T, S), (S, T)], ids=["T<S", "T>S"])
-def test_tiled_matches_torch_sdpa(torch, rng, T_, S_, block_size, kind, dtype):
-    q, k, v = qkv(rng, T_, S_, dtype=dtype)
-    mask = masks(kind, rng, T_, S_)
-    out = tiled_attention(q, k, v, mask=mask, block_size=block_size)
-    # torch's bool attn_mask means True = may attend, like ours; it needs at least (T, S).
-    t_mask = None
-    if mask is not None:
-        mask_2d = np.broadcast_to(mask, np.broadcast_shapes(mask.shape, (T_, S_)))
-        t_mask = torch.from_numpy(np.array(mask_2d))  # a writable copy
-    expected = torch.nn.functional.scaled_dot_product_attention(
-        *(torch.from_numpy(a) for a in (q, k, v)), attn_mask=t_mask
-    )
-    assert max_abs_diff(out, expected.numpy()) <= TOL[dtype]
-
-
-@pytest.mark.torch
-@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
-@pytest.mark.parametrize("block_size", BLOCKS)
-@pytest.mark.parametrize(("T_", "S_"), [(S, S), (T, S)], ids=["T=S", "T<S"])
-def test_causal_matches_torch_sdpa(torch, rng, T_, S_, block_size, dtype):
-    q, k, v = qkv(rng, T_, S_, dtype=dtype)
-    out = tiled_attention(q, k, v, causal=True, block_size=block_size)
-    tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-    if T_ == S_:
-        expected = sdpa(tq, tk, tv, is_causal=True)
-    else:
-        # torch's is_causal aligns the triangle top-left; ours (and causal_mask) bottom-right,
-        # so T != S goes through an explicit mask.
-        expected = sdpa(tq, tk, tv, attn_mask=torch.from_numpy(causal_mask(T_, S_)))
-    assert max_abs_diff(out, expected.numpy()) <= TOL[dtype]
-
-
-@pytest.mark.torch
-@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
-def test_huge_scores_match_torch(torch, rng, dtype):
-    q = np.full((2, T, D_K), 60.0)
-    k = np.linspace(0.0, 100.0, S)[:, None] * np.ones(D_K) + rng.normal(size=(2, S, D_K))
-    v = rng.normal(size=(2, S, D_V))
-    q, k, v = q.astype(dtype), k.astype(dtype), v.astype(dtype)
-    out = tiled_attention(q, k, v, block_size=3)
-    expected = torch.nn.functional.scaled_dot_product_attention(
-        *(torch.from_numpy(a) for a in (q, k, v))
-    )
-    assert max_abs_diff(out, expected.numpy()) <= TOL[dtype]
 
 
 # ------------------------------------------------------------------------------- errors
@@ -517,25 +467,15 @@ def test_weights_recomputed_from_q_k_and_lse_equal_standard_attentions(rng):
     assert max_abs_diff(recomputed, weights) <= 1e-13
 
 
-@pytest.mark.torch
-def test_lse_matches_torch_logsumexp(torch, rng):
-    q, k, v = qkv(rng)
-    _, lse = tiled_attention(q, k, v, block_size=5, return_lse=True)
-    tq, tk = torch.from_numpy(q), torch.from_numpy(k)
-    expected = torch.logsumexp(tq @ tk.transpose(-1, -2) / np.sqrt(D_K), dim=-1)
-    assert max_abs_diff(lse, expected.numpy()) <= 1e-12
-
-
 # ------------------------------------------------- the fast paths change nothing but rounding
 @pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_skipping_the_running_max_gives_the_same_result(rng, dtype, causal):
-    # Ordinary scores take the path without a running max; with on_tile it is always kept.
+    # Ordinary scores take lean's path without a running max; tiled_attention always keeps it.
     q, k, v = qkv(rng, dtype=dtype)
-    assert tiled_module.exp_is_safe(q / np.sqrt(D_K), np.swapaxes(k, -1, -2), dtype)
-    fast = tiled_attention(q, k, v, causal=causal, block_size=4, return_lse=True)
-    kept = tiled_attention(q, k, v, causal=causal, block_size=4, return_lse=True,
-                           on_tile=lambda state: None)
+    assert lean_module.exp_is_safe(q / np.sqrt(D_K), np.swapaxes(k, -1, -2), dtype)
+    fast = lean_tiled_attention(q, k, v, causal=causal, block_size=4, return_lse=True)
+    kept = tiled_attention(q, k, v, causal=causal, block_size=4, return_lse=True)
     for a, b in zip(fast, kept, strict=True):
         assert max_abs_diff(a, b) <= TOL[dtype]
 
@@ -544,11 +484,12 @@ def test_scores_too_large_for_the_shortcut_keep_the_running_max(rng):
     # Scores beyond 89, where exp overflows float32: exp_is_safe must say no, and the output is
     # still finite and right, which it could not be without the running max.
     q, k, v = qkv(rng, scale=40.0, dtype=np.float32)
-    assert not tiled_module.exp_is_safe(q / np.sqrt(D_K), np.swapaxes(k, -1, -2), np.float32)
+    assert not lean_module.exp_is_safe(q / np.sqrt(D_K), np.swapaxes(k, -1, -2), np.float32)
     assert (q @ np.swapaxes(k, -1, -2)).max() / np.sqrt(D_K) > 89
-    with np.errstate(over="raise", invalid="raise"):
-        out = tiled_attention(q, k, v, block_size=4)
-    assert max_abs_diff(out, reference(q, k, v)) <= 1e-5
+    for attention in (tiled_attention, lean_tiled_attention):
+        with np.errstate(over="raise", invalid="raise"):
+            out = attention(q, k, v, block_size=4)
+        assert max_abs_diff(out, reference(q, k, v)) <= 1e-5
 
 
 # ------------------------------------------------------------------------------- on_tile
@@ -589,7 +530,7 @@ def test_on_tile_gets_copies(rng):
 
 # ------------------------------------------------------------------------- the four tricks
 ALL_TRICKS = [
-    tiled_module.Tricks(max_shortcut=a, ones_column=b, base2=c, shift_in_matmul=d)
+    lean_module.Tricks(max_shortcut=a, ones_column=b, base2=c, shift_in_matmul=d)
     for a in (True, False) for b in (True, False) for c in (True, False) for d in (True, False)
 ]
 
@@ -601,7 +542,7 @@ ALL_TRICKS = [
 def test_every_combination_of_tricks_gives_standard_attention(rng, tricks, scale, causal):
     q, k, v = qkv(rng, scale=scale)
     k *= scale
-    out, lse = tiled_attention(q, k, v, causal=causal, block_size=4, return_lse=True,
+    out, lse = lean_tiled_attention(q, k, v, causal=causal, block_size=4, return_lse=True,
                                tricks=tricks)
     assert max_abs_diff(out, reference(q, k, v, causal=causal)) <= TOL[np.float64]
     scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(D_K)
@@ -619,25 +560,25 @@ def test_the_shift_in_the_matmul_matches_standard_attention(rng, T_, S_, kind, c
     scale = 4.0 if dtype == np.float32 else 10.0
     q, k, v = qkv(rng, T_=T_, S_=S_, dtype=dtype, scale=scale)
     k = (k * scale).astype(dtype)
-    assert not tiled_module.exp_is_safe(q / np.sqrt(D_K), np.swapaxes(k, -1, -2), dtype)
+    assert not lean_module.exp_is_safe(q / np.sqrt(D_K), np.swapaxes(k, -1, -2), dtype)
     mask = masks(kind, rng, T_, S_)
-    out = tiled_attention(q, k, v, mask=mask, causal=causal, block_size=4)
+    out = lean_tiled_attention(q, k, v, mask=mask, causal=causal, block_size=4)
     assert out.dtype == dtype
     assert max_abs_diff(out, reference(q, k, v, mask, causal)) <= 4 * TOL[dtype]
 
 
 def test_trick_4_runs_for_large_scores_and_not_for_small_ones(rng, monkeypatch):
     calls = []
-    real = tiled_module._folded_block
-    monkeypatch.setattr(tiled_module, "_folded_block",
+    real = lean_module._folded_block
+    monkeypatch.setattr(lean_module, "_folded_block",
                         lambda *a, **kw: calls.append(1) or real(*a, **kw))
     q, k, v = qkv(rng, lead=(2,))
-    tiled_attention(q, k, v, block_size=4)
+    lean_tiled_attention(q, k, v, block_size=4)
     assert calls == []  # the shortcut: no shift at all
-    tiled_attention(q * 300.0, k, v, block_size=4)
+    lean_tiled_attention(q * 300.0, k, v, block_size=4)
     assert len(calls) == -(-T // 4)  # one call per query block
     calls.clear()
-    tiled_attention(q * 300.0, k, v, block_size=4, tricks=tiled_module.Tricks(
+    lean_tiled_attention(q * 300.0, k, v, block_size=4, tricks=lean_module.Tricks(
         shift_in_matmul=False))
     assert calls == []
 
@@ -653,7 +594,7 @@ def test_trick_4_redoes_a_block_whose_later_scores_overflow_the_first_tiles_shif
     v = rng.normal(size=(S, D_V))
     q, k, v = q.astype(dtype), k.astype(dtype), v.astype(dtype)
     with np.errstate(over="raise", invalid="raise"):
-        out, lse = tiled_attention(q, k, v, block_size=4, return_lse=True)
+        out, lse = lean_tiled_attention(q, k, v, block_size=4, return_lse=True)
     assert np.all(np.isfinite(out)) and np.all(np.isfinite(lse))
     assert max_abs_diff(out, reference(q, k, v)) <= TOL[dtype] * 10
     scores = q @ k.T / np.sqrt(D_K)
@@ -662,19 +603,20 @@ def test_trick_4_redoes_a_block_whose_later_scores_overflow_the_first_tiles_shif
 
 def test_tricks_must_be_a_tricks(rng):
     q, k, v = qkv(rng, lead=())
-    with pytest.raises(ValueError, match="^tiled_attention: tricks must be a Tricks, got dict$"):
-        tiled_attention(q, k, v, tricks={"base2": True})
+    with pytest.raises(ValueError,
+                       match="^lean_tiled_attention: tricks must be a Tricks, got dict$"):
+        lean_tiled_attention(q, k, v, tricks={"base2": True})
 
 
 def test_base2_none_follows_what_numpy_vectorises(rng, monkeypatch):
-    assert isinstance(tiled_module.exp2_is_vectorised(), bool)
+    assert isinstance(lean_module.exp2_is_vectorised(), bool)
     used = []
     real_exp2, real_exp = np.exp2, np.exp
     monkeypatch.setattr(np, "exp2", lambda *a, **kw: used.append("exp2") or real_exp2(*a, **kw))
     monkeypatch.setattr(np, "exp", lambda *a, **kw: used.append("exp") or real_exp(*a, **kw))
     q, k, v = qkv(rng, lead=())
-    tiled_attention(q, k, v, block_size=4)
-    assert set(used) == {"exp2" if tiled_module.exp2_is_vectorised() else "exp"}
+    lean_tiled_attention(q, k, v, block_size=4)
+    assert set(used) == {"exp2" if lean_module.exp2_is_vectorised() else "exp"}
     used.clear()
-    tiled_attention(q, k, v, block_size=4, tricks=tiled_module.Tricks(base2=True))
+    lean_tiled_attention(q, k, v, block_size=4, tricks=lean_module.Tricks(base2=True))
     assert set(used) == {"exp2"}

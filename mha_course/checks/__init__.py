@@ -28,8 +28,10 @@ An exception raised by your function becomes a :class:`CheckFailed` that quotes 
 through unchanged, so the checker (``python -m mha_course check``) can report "not attempted".
 
 The checks of lesson NN live in ``lessonNN.py`` (each lists its checks in ``__all__``), built
-from the shared machinery in ``harness.py`` and the known wrong versions in ``variants.py``.
-A new lesson's checks arrive with one line below: ``from .lessonNN import *``.
+from the shared machinery in ``harness.py`` and the known wrong versions in ``variants.py``;
+lesson 13's spot-the-bug drill, 26 exercises, has a sub-folder of its own, :mod:`drill
+<mha_course.checks.drill>`, one module per group of exercises. A new lesson's checks arrive with
+one line below: ``from .lessonNN import *``.
 
 Examples
 --------
@@ -38,6 +40,7 @@ Examples
 Exercise 03.3 passed: (T, T) bool masks for T = 1, 4, 7 match mha_course.causal_mask
 """
 
+from .drill import *  # noqa: F403
 from .harness import CheckFailed
 from .lesson01 import *  # noqa: F403
 from .lesson02 import *  # noqa: F403
@@ -51,10 +54,5 @@ from .lesson09 import *  # noqa: F403
 from .lesson10 import *  # noqa: F403
 from .lesson11 import *  # noqa: F403
 from .lesson12 import *  # noqa: F403
-from .lesson13 import *  # noqa: F403
-from .lesson13_block2025 import *  # noqa: F403
-from .lesson13_generation import *  # noqa: F403
-from .lesson13_parallel import *  # noqa: F403
-from .lesson13_serving import *  # noqa: F403
 
 __all__ = ["CheckFailed", *sorted(name for name in dir() if name.startswith("check_"))]

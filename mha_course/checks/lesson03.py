@@ -41,7 +41,7 @@ __all__ = [
 #: Exercise 03.2 is to write attention (mha_course.softmax is allowed, as its task says).
 _OWN_ATTENTION = dict.fromkeys(
     ["mha_course.scaled_dot_product_attention", "mha_course.tiled_attention",
-     "mha_course.MultiHeadAttention", "mha_course.lean.lean_forward",
+     "mha_course.MultiHeadAttention", "mha_course.kernels.lean.lean_forward",
      "torch.nn.functional.scaled_dot_product_attention"],
     "write scaled dot-product attention yourself (mha_course.softmax is allowed)",
 )
@@ -208,7 +208,8 @@ def check_padding_mask(fn) -> None:
 #: replace it rather than fix it.
 _FIX_IT = dict.fromkeys(
     ["mha_course.scaled_dot_product_attention", "mha_course.tiled_attention",
-     "mha_course.MultiHeadAttention", "mha_course.lean.lean_forward", "mha_course.causal_mask",
+     "mha_course.MultiHeadAttention", "mha_course.kernels.lean.lean_forward",
+     "mha_course.causal_mask",
      "mha_course.padding_mask", "mha_course.sliding_window_mask",
      "torch.nn.functional.scaled_dot_product_attention"],
     "fix the colleague's attention yourself (mha_course.softmax is allowed)",

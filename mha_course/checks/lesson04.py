@@ -45,7 +45,7 @@ _OWN_FUSE = dict.fromkeys(
 _OWN_COUNT = dict.fromkeys(["mha_course.param_count", "mha_course.MultiHeadAttention"],
                            "count the parameters yourself, from the shapes")
 _OWN_LAYER = dict.fromkeys(
-    ["mha_course.MultiHeadAttention", "mha_course.lean.lean_forward"],
+    ["mha_course.MultiHeadAttention", "mha_course.kernels.lean.lean_forward"],
     "write the multi-head forward yourself (mha_course.scaled_dot_product_attention is allowed)",
 )
 

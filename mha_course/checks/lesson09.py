@@ -3,7 +3,7 @@
 The lesson is ``notebooks/09_tiny_gpt.ipynb``; each ``check_*`` is called by an exercise's check
 cell (see :mod:`mha_course.checks`). The references come from the package at check time:
 :func:`mha_course.block.rms_norm_backward`, :func:`mha_course.rms_norm` and
-:func:`mha_course.swiglu`, :func:`mha_course.models.sampling.top_p_filter`, and the uncached
+:func:`mha_course.swiglu`, :func:`mha_course.serving.sampling.top_p_filter`, and the uncached
 ``GPT.generate`` of :mod:`mha_course.models.gpt` on small seeded models.
 """
 
@@ -22,7 +22,7 @@ from .. import (
 )
 from ..block import rms_norm_backward, sigmoid
 from ..models.gpt import GPT, GPTConfig
-from ..models.sampling import next_token, top_p_filter
+from ..serving.sampling import next_token, top_p_filter
 from ..softmax import softmax
 from .harness import call, compare, fail, passed
 from .measure import check_rng
@@ -187,9 +187,9 @@ def check_top_p(fn) -> None:
     for label, logits, p in probes:
         want = top_p_filter(logits, p)
         got = call(ex, fn, (logits.copy(), p), ("logits", "p"),
-                   forbid={"mha_course.models.sampling.top_p_filter": "write the nucleus "
+                   forbid={"mha_course.serving.sampling.top_p_filter": "write the nucleus "
                            "filter yourself",
-                           "mha_course.models.sampling.next_token": "write the nucleus "
+                           "mha_course.serving.sampling.next_token": "write the nucleus "
                            "filter yourself"})
         arr = np.asarray(got) if got is not None else None
         if arr is not None and arr.shape == want.shape and np.isfinite(arr).all() \
@@ -215,7 +215,7 @@ def check_top_p(fn) -> None:
                  lambda lg=logits, p=p: np.where(
                      (np.cumsum(softmax(lg), -1) - softmax(lg)) < p, lg, -np.inf)),
             ])
-    passed(ex, "the nucleus matches mha_course.models.sampling.top_p_filter for p = 0.3, 0.5, "
+    passed(ex, "the nucleus matches mha_course.serving.sampling.top_p_filter for p = 0.3, 0.5, "
                "0.75, 0.9 and 1.0, on one row, a (3, 7) batch and a (2, 2, 5) batch")
 
 

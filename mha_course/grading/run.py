@@ -46,6 +46,12 @@ PLUGIN = "mha_course.grading.nbval_plugin"
 #: Environment variable marking every process of a run, so that :func:`stop_run` finds those
 #: that left the process tree (a daemon started by a learner's code, without a sandbox).
 RUN_MARK = "MHA_COURSE_RUN"
+#: How each run starts pytest: ``python -m pytest``, without the optional ``rfc3987_syntax``.
+#: jsonschema (which nbformat, hence nbval, imports) loads it when installed, for its "iri" format
+#: checker, and it compiles 38 grammars as it is imported: 2-4 s of every notebook's run.
+#: nbformat validates without format checkers, so no check of a notebook changes.
+PYTEST_MAIN = ("import runpy, sys; sys.modules['rfc3987_syntax'] = None; "
+               "runpy.run_module('pytest', run_name='__main__', alter_sys=True)")
 #: How much of pytest's own output is kept, from its end (for the "could not run" message).
 OUTPUT_TAIL = 64 * 1024
 
@@ -320,7 +326,7 @@ def _run_in(tmp: Path, nb, cell_timeout, isolation: Isolation, total_timeout, ac
                PYTHONPATH=os.pathsep.join([str(folders.lib), env.get("PYTHONPATH", "")]),
                **{RUN_MARK: mark})
     read_end, write_end = os.pipe()
-    cmd = [sys.executable, "-m", "pytest", "-p", "nbval.plugin", "-p", PLUGIN,
+    cmd = [sys.executable, "-c", PYTEST_MAIN, "-p", "nbval.plugin", "-p", PLUGIN,
            *(arg for plugin in isolation.plugins for arg in ("-p", plugin)),
            "--mha-report-fd", str(write_end), "--mha-kernel", str(spec), "--nbval",
            "-p", "no:cacheprovider", "--color=no", "-q",

@@ -118,6 +118,11 @@ class CallableProxy(Proxy):
             raise remote_error(outcome["error"])
         return outcome["value"]
 
+    def mha_course_remote_repeat(self, args, kwargs, n: int) -> list:
+        """``[self(*args, **kwargs) for _ in range(n)]`` in one request to the kernel (see
+        :func:`mha_course.checks.harness.repeat`); the first error raised as the calls would."""
+        return self._mha_session.repeat(self, args, kwargs, n)
+
     def mha_course_remote_call(self, args, kwargs, forbid=(), inplace=True,
                                measure=False) -> dict:
         """The call as :func:`mha_course.checks.harness.call` needs it: ``{"value" or "error",
@@ -424,6 +429,26 @@ class Session:
             raise RemoteBroken("the kernel answered a call without a result")
         self._sync_generators([args, kwargs], reply.get("states"))
         return outcome
+
+    def repeat(self, proxy: Proxy, args, kwargs, n: int) -> list:
+        """``n`` calls of ``proxy`` on the same arguments, run in the kernel as one request: its
+        results, in order; the learner's error (rebuilt) if a call raised one."""
+        self.current = proxy._mha_name
+        payload = self._pickle((tuple(args), dict(kwargs)))
+        try:
+            reply = self.request({"op": "repeat", "ref": proxy._mha_ref, "args": payload,
+                                  "n": int(n)})
+        finally:
+            self.current = ""
+        values = reply.get("values")
+        if not isinstance(values, list) or len(values) > n:
+            raise RemoteBroken("the kernel answered repeated calls without their results")
+        self._sync_generators([args, kwargs], reply.get("states"))
+        if "error" in reply:
+            raise remote_error(reply["error"])
+        if len(values) != n:
+            raise RemoteBroken("the kernel answered repeated calls without their results")
+        return [self.decode(v) for v in values]
 
     def _sync_generators(self, args, states) -> None:
         """Advance the grader's Generators as the learner's function advanced the kernel's."""

@@ -55,7 +55,7 @@ rope="half", rope_base=10000.0, eps=1e-5)``
     attention of one block).
 ``model.generate(prompt, n_new, temperature=1.0, top_k=None, top_p=None, rng=None,
 use_cache=True)``
-    The prompt followed by ``n_new`` tokens (:func:`mha_course.models.sampling.next_token`).
+    The prompt followed by ``n_new`` tokens (:func:`mha_course.serving.sampling.next_token`).
 ``model.save(path)`` / ``GPT.load(path, dtype=None)``
     An ``.npz`` with every parameter and the config as JSON.
 
@@ -76,8 +76,8 @@ from ..attention import causal_mask
 from ..block import PreNormBlock, rms_norm, rms_norm_backward, swiglu_backward
 from ..kv_cache import KVCache
 from ..multihead import MultiHeadAttention
+from ..serving.sampling import next_token
 from .gpt_config import GPTConfig, swiglu_width
-from .sampling import next_token
 from .tiny_model import cross_entropy
 
 __all__ = ["GPT", "GPTConfig", "swiglu_width"]
@@ -411,7 +411,7 @@ class GPT:
         n_new : int
             ``T0 + n_new <= context_length``.
         temperature, top_k, top_p
-            As :func:`~mha_course.models.sampling.next_token` (``temperature=0``: greedy).
+            As :func:`~mha_course.serving.sampling.next_token` (``temperature=0``: greedy).
         rng : int or numpy.random.Generator, optional
             Seed of the sampling (one uniform number per sequence and step).
         use_cache : bool, default True

@@ -39,14 +39,13 @@ from pathlib import Path
 import numpy as np
 
 from .._validate import fail
-from ..attention import causal_mask
+from ..attention import causal_mask, sdpa_unchecked
 from ..block import sigmoid
 from ..heads import merge_heads, split_heads
 from ..positions import apply_rope
-from ..softmax import softmax
 from ..variants.entropy import attention_entropy
 from ..variants.logit_control import qk_norm, qk_norm_backward, soft_cap, soft_cap_backward
-from ..variants.sinks import softmax_with_sink, softmax_with_sink_backward
+from ..variants.sinks import softmax_with_sink_backward
 from .gpt import GPT, GPTConfig
 from .tiny_model import cross_entropy
 
@@ -200,7 +199,7 @@ class VariantGPT(GPT):
     # ------------------------------------------------------------------------ forward pass
     def _attention(self, i: int, a: np.ndarray, mask: np.ndarray, head_mask, keep: bool):
         """Block ``i``'s attention on its normalised input ``a`` (B, T, d_model): the hook of
-        ``GPT._run``. Returns ``(out, saved, (s, z, p, p_sink))``; ``head_mask`` (h,) scales
+        ``GPT._run``. Returns ``(out, saved, (s, p, p_sink))``; ``head_mask`` (h,) scales
         each head's (gated) output before ``W_o``."""
         c, v, attn, extra = self.config, self.variant, self.blocks[i].attn, self.extra[i]
         T = a.shape[-2]
@@ -214,13 +213,23 @@ class VariantGPT(GPT):
         q = apply_rope(q1, positions, base=c.rope_base, layout=c.rope)
         k = np.repeat(apply_rope(k1, positions, base=c.rope_base, layout=c.rope), r, axis=-3)
         vv = np.repeat(v_g, r, axis=-3)  # (B, h, T, d_k): query head j reads K/V head j // r
-        s = (q @ np.swapaxes(k, -1, -2)) * self.scale  # (B, h, T, T)
-        z = soft_cap(s, v.softcap) if v.softcap is not None else s
-        if v.sinks:
-            p, p_sink = softmax_with_sink(z, extra["sinks"], mask)
-        else:
-            p, p_sink = softmax(z, mask=mask), None
-        o = p @ vv  # (B, h, T, d_k)
+        kept = {}
+
+        def logits(s, q_idx, kv_idx):
+            """The score_mod: keeps the raw logits s = q kᵀ · scale (B, h, T, T), which the
+            stats and the backward read, and soft-caps them (Gemma 2) when the variant does."""
+            if v.softcap is None:
+                kept["s"] = s.copy()  # the kernel softmaxes its own buffer in place
+                return s
+            kept["s"] = s
+            return soft_cap(s, v.softcap)  # z = c · tanh(s / c), a new array
+
+        # Lesson 03's attention (its kernel: the model made these arrays) with the score hook
+        # and, for gpt-oss's sinks, one sink logit per head in the softmax: (h,) -> (h, 1, 1).
+        sink = extra["sinks"][:, None, None] if v.sinks else None
+        attended = sdpa_unchecked(q, k, vv, mask, self.scale, score_mod=logits, sink=sink)
+        o, p, p_sink = attended if v.sinks else (*attended, None)  # (B, h, T, d_k), (B, h, T, T)
+        s = kept["s"]
         gate = None
         if v.gate:
             g_lin = a @ extra["W_gate_attn"]  # (B, T, h) or (B, T, h·d_k)
@@ -238,11 +247,11 @@ class VariantGPT(GPT):
         if keep:
             saved = {"a": a, "q0": q0, "k0": k0, "q1": q1, "k1": k1, "q": q, "k": k, "vv": vv,
                      "s": s, "p": p, "p_sink": p_sink, "o": o, "gate": gate, "concat": concat}
-        return out, saved, (s, z, p, p_sink)
+        return out, saved, (s, p, p_sink)
 
-    @staticmethod
-    def _head_stats(s, z, p, p_sink, mask) -> dict[str, np.ndarray]:
+    def _head_stats(self, s, p, p_sink, mask) -> dict[str, np.ndarray]:
         lead = tuple(range(s.ndim - 3)) + (s.ndim - 2, s.ndim - 1)  # every axis but the head's
+        z = soft_cap(s, self.variant.softcap) if self.variant.softcap is not None else s
         raw = np.where(mask, s, -np.inf).max(axis=lead)
         capped = np.where(mask, z, -np.inf).max(axis=lead)
         rows = attention_entropy(p)  # (..., h, T); the sink's share is one more outcome:

@@ -8,6 +8,8 @@ Taught in ``notebooks/10_serving.ipynb``. What lives here:
 - ``paged_cache``: the paged KV cache (PagedAttention, vLLM), taught in lesson 06
   (``notebooks/06_decoding.ipynb``): many sequences' keys and values in one pool of blocks;
   ``paged`` runs the decoder's layers over one such pool per layer, in lockstep;
+- ``sampling``: choosing the next token (greedy, temperature, top-k, top-p, one inverse-CDF
+  draw), taught in lesson 09 (``notebooks/09_tiny_gpt.ipynb``) and used by every generator;
 - ``roofline``: the bytes and FLOPs of a decode step and of a prefill, and their time on a GPU
   from its datasheet;
 - ``scheduler``: requests, a paged KV cache for many sequences, static and continuous batching

@@ -41,6 +41,7 @@ from ..block import PreNormBlock, rms_norm
 from ..heads import merge_heads
 from ..kv_cache import KVCache
 from ..multihead import MultiHeadAttention
+from .sampling import next_token
 
 
 class ContiguousCache:
@@ -323,22 +324,7 @@ def generate_alone(decoder: Decoder, prompt, n_new: int, *, temperature: float =
     return out
 
 
-def probabilities(logits, temperature: float = 1.0) -> np.ndarray:
-    """softmax(logits / temperature), over the last axis."""
-    z = np.asarray(logits, dtype=np.float64) / temperature
-    z = np.exp(z - z.max(axis=-1, keepdims=True))
-    return z / z.sum(axis=-1, keepdims=True)
-
-
-def draw(dist, rng) -> int:
-    """One id from ``dist`` (V,) (weights, not necessarily normalised) by the inverse CDF of one
-    uniform number: the first id whose cumulative weight exceeds ``u · total``."""
-    cdf = np.cumsum(dist)
-    return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(cdf) - 1))
-
-
 def sample_token(logits, temperature: float, rng) -> int:
-    """Greedy (``temperature=0``: the argmax) or one :func:`draw` from the softmax."""
-    if temperature == 0:
-        return int(np.argmax(logits))
-    return draw(probabilities(logits, temperature), rng)
+    """Greedy (``temperature=0``: the argmax) or one draw from the softmax of
+    ``logits / temperature``: lesson 09's :func:`~mha_course.serving.sampling.next_token`."""
+    return int(next_token(logits, temperature, rng=rng))

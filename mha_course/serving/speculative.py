@@ -32,7 +32,8 @@ import numpy as np
 
 from .._validate import fail, validate_positive_int
 from ..heads import attend_heads
-from .decoder import ContiguousCache, draw, probabilities
+from .decoder import ContiguousCache
+from .sampling import draw, probabilities
 
 
 # ----------------------------------------------------------------- one position, exactly
@@ -121,7 +122,7 @@ def _choose(logits, temperature, rng):
         token = int(np.argmax(logits))
         return token, None
     q = probabilities(logits, temperature)
-    return draw(q, rng), q
+    return int(draw(q, rng)), q
 
 
 def verify(rows, drafts, qs, temperature: float, rng, rule=None) -> list[int]:
@@ -149,11 +150,11 @@ def verify(rows, drafts, qs, temperature: float, rng, rule=None) -> list[int]:
         else:
             p = probabilities(rows[i], temperature)
             if not rng.random() < accept(p, qs[i])[d]:
-                return emitted + [draw(resample(p, qs[i]), rng)]
+                return emitted + [int(draw(resample(p, qs[i]), rng))]
         emitted.append(int(d))
     last = rows[len(drafts)]  # every draft accepted: a bonus token from the last row
     return emitted + [int(np.argmax(last)) if temperature == 0
-                      else draw(probabilities(last, temperature), rng)]
+                      else int(draw(probabilities(last, temperature), rng))]
 
 
 def speculative_generate(target, draft, prompt, n_new: int, k: int, *, temperature: float = 0.0,

@@ -23,9 +23,9 @@ import numpy as np
 
 from .._validate import fail, refuse_layer_scale, validate_positive_int
 from ..heads import group_heads, kv_for_groups, merge_heads, ungroup_heads
+from ..kernels.tiled import tiled_attention
 from ..kv_cache import KVCache
 from ..parallel.ring import merge_partials
-from ..tiled import tiled_attention
 
 
 def chunk_bounds(S: int, n_splits: int) -> list[tuple[int, int]]:

@@ -26,9 +26,8 @@ import math
 import numpy as np
 
 from .._validate import as_float_array, fail, validate_positive_int
-from ..attention import validate_qkv
+from ..attention import sdpa_unchecked, validate_qkv
 from ..block import rms_norm, sigmoid
-from ..softmax import softmax
 
 __all__ = ["diff_lambda", "differential_attention", "differential_cost", "gate_cost",
            "gated_heads", "lambda_init"]
@@ -160,11 +159,12 @@ def differential_attention(q1, k1, q2, k2, v, lam, mask=None, *, lam_init=None):
     lam = np.asarray(lam, dtype=q1.dtype)
     if lam.ndim == 1:
         lam = lam[:, None, None]  # one per head: (h, 1, 1)
-    scale = 1.0 / math.sqrt(d)
-    w1 = softmax((q1 * scale) @ np.swapaxes(k1, -1, -2), mask=m)
-    w2 = softmax((q2 * scale) @ np.swapaxes(k2, -1, -2), mask=m)
+    # Two scaled dot-product attentions over the same values (checked above, so their kernel),
+    # subtracted: (w₁ − λ w₂) v = w₁ v − λ w₂ v, as the paper's two FlashAttention calls.
+    o1, w1 = sdpa_unchecked(q1, k1, v, m)
+    o2, w2 = sdpa_unchecked(q2, k2, v, m)
     weights = w1 - lam * w2
-    out = weights @ v
+    out = o1 - lam * o2
     if lam_init is not None:
         out = (1.0 - lam_init) * rms_norm(out, None, 1e-5)
     return out, weights, (w1, w2)

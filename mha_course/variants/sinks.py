@@ -20,26 +20,32 @@ from __future__ import annotations
 import numpy as np
 
 from .._validate import as_float_array, fail, validate_mask, validate_positive_int
-from ..attention import sliding_window_mask, validate_qkv
+from ..attention import (
+    sdpa_unchecked,
+    sliding_window_mask,
+    softmax_with_sink_unchecked,
+    validate_qkv,
+)
 
 __all__ = ["sink_attention", "softmax_with_sink", "softmax_with_sink_backward",
            "streaming_mask"]
 
 
-def _sink_column(func: str, sink, scores: np.ndarray) -> np.ndarray:
-    """The sink logits broadcast to (..., T, 1): one per head, the head axis third from last."""
+def _sink_column(func: str, sink, shape: tuple[int, ...], dtype) -> np.ndarray:
+    """The sink logits as (h, 1, 1) (one per head, the head axis third from last in the
+    (..., T, S) ``shape`` of the scores) or () (one for all), in ``dtype``."""
     s = as_float_array(func, "sink", sink)
     if s.ndim > 1:
         raise fail(func, f"sink has shape {s.shape}; expected () or (h,), one logit per head")
     if s.ndim == 1:
-        if scores.ndim < 3 or scores.shape[-3] != s.shape[0]:
+        if len(shape) < 3 or shape[-3] != s.shape[0]:
             raise fail(func, f"sink has shape {s.shape}; expected (h,) with h="
-                             f"{scores.shape[-3] if scores.ndim >= 3 else '?'} (from scores "
-                             f"{scores.shape}, axis -3)")
+                             f"{shape[-3] if len(shape) >= 3 else '?'} (from scores "
+                             f"{shape}, axis -3)")
         s = s[:, None, None]  # (h, 1, 1)
     if not np.isfinite(s).all():
         raise fail(func, "sink holds a non-finite logit")
-    return np.broadcast_to(s, scores.shape[:-1] + (1,)).astype(scores.dtype)
+    return s.astype(dtype, copy=False)
 
 
 def softmax_with_sink(scores, sink, mask=None) -> tuple[np.ndarray, np.ndarray]:
@@ -79,14 +85,11 @@ def softmax_with_sink(scores, sink, mask=None) -> tuple[np.ndarray, np.ndarray]:
     s = as_float_array(func, "scores", scores)
     if s.ndim < 2:
         raise fail(func, f"scores has shape {s.shape}; expected (..., T, S)")
-    col = _sink_column(func, sink, s)  # (..., T, 1)
+    col = _sink_column(func, sink, s.shape, s.dtype)  # (h, 1, 1) or ()
     m = validate_mask(func, mask, s.shape, f"scores' shape {s.shape}")
-    filled = s if m is None else np.where(m, s, -np.inf)
-    top = np.maximum(filled.max(axis=-1, keepdims=True), col)  # finite: the sink is finite
-    e = np.exp(filled - top)  # masked: exp(-inf) = 0
-    e_sink = np.exp(col - top)
-    total = e.sum(axis=-1, keepdims=True) + e_sink  # >= exp(0) = 1 somewhere in the row
-    return e / total, (e_sink / total)[..., 0]
+    # The kernel behind scaled_dot_product_attention(..., sink=): [s | sink] softmaxed, the
+    # sink's column dropped (the max subtracted is the larger of the row's and the sink).
+    return softmax_with_sink_unchecked(s, col, m)
 
 
 def softmax_with_sink_backward(grad_weights, weights, sink_weight, per_head: bool = True):
@@ -154,10 +157,10 @@ def sink_attention(q, k, v, sink, mask=None) -> tuple[np.ndarray, np.ndarray, np
     ((2, 3, 6), True, True)
     """
     func = "sink_attention"
-    q, k, v, m, _batch, (_T, _S, d_k, _d_v) = validate_qkv(func, q, k, v, mask)
-    scores = (q * (1.0 / np.sqrt(d_k))) @ np.swapaxes(k, -1, -2)  # (..., h, T, S)
-    weights, sink_weight = softmax_with_sink(scores, sink, m)
-    return weights @ v, weights, sink_weight
+    q, k, v, m, batch, (T, S, _d_k, _d_v) = validate_qkv(func, q, k, v, mask)
+    col = _sink_column(func, sink, (*batch, T, S), np.result_type(q, k))  # (h, 1, 1) or ()
+    # scaled_dot_product_attention's kernel with the sink hook (inputs checked just above)
+    return sdpa_unchecked(q, k, v, m, sink=col, func=func)
 
 
 def streaming_mask(T: int, n_sink: int, window: int, S: int | None = None) -> np.ndarray:

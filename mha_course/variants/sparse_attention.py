@@ -22,13 +22,10 @@ query's softmax weight that falls on the kept keys.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from .._validate import as_float_array, fail, validate_mask, validate_positive_int
-from ..attention import causal_mask, sliding_window_mask, validate_qkv
-from ..softmax import softmax
+from ..attention import causal_mask, sdpa_unchecked, sliding_window_mask, validate_qkv
 
 __all__ = ["compress_kv", "lightning_index", "mass_kept", "nsa_attention", "select_blocks",
            "sparse_flops", "topk_mask"]
@@ -177,9 +174,9 @@ def nsa_attention(q, k, v, *, block: int, n_select: int, window: int, gates=None
     k_cmp, v_cmp, ends = compress_kv(k, v, block)
     pos = np.arange(T) + (S - T)
     cmp_mask = ends[None, :] <= pos[:, None]  # (T, n_full_blocks): whole block in the past
-    scale = 1.0 / math.sqrt(d_k)
-    p_cmp = softmax((q * scale) @ np.swapaxes(k_cmp, -1, -2), mask=cmp_mask)
-    o_cmp = p_cmp @ v_cmp
+    # The three branches are scaled dot-product attentions (checked above, so their kernel) over
+    # other keys or under other masks: compressed blocks, selected blocks, the window.
+    o_cmp, p_cmp = sdpa_unchecked(q, k_cmp, v_cmp, cmp_mask)
     n_blocks = -(-S // block)
     importance = np.zeros(p_cmp.shape[:-1] + (n_blocks,), dtype=p_cmp.dtype)
     importance[..., : p_cmp.shape[-1]] = p_cmp  # a last, partial block has no summary yet
@@ -187,9 +184,8 @@ def nsa_attention(q, k, v, *, block: int, n_select: int, window: int, gates=None
         importance = np.broadcast_to(importance.sum(axis=shared_axis, keepdims=True),
                                      importance.shape)
     selected = select_blocks(importance, n_select, block, T, S)
-    scores = (q * scale) @ np.swapaxes(k, -1, -2)  # (..., T, S)
-    o_sel = softmax(scores, mask=selected) @ v
-    o_win = softmax(scores, mask=sliding_window_mask(T, window, S)) @ v
+    o_sel, _ = sdpa_unchecked(q, k, v, selected)
+    o_win, _ = sdpa_unchecked(q, k, v, sliding_window_mask(T, window, S))
     if gates is None:
         g = np.ones(o_sel.shape[:-1] + (3,), dtype=o_sel.dtype)
     else:

@@ -27,7 +27,7 @@ from matplotlib.patches import Rectangle
 
 from .._validate import fail, validate_positive_int
 from ..attention import causal_mask, scaled_dot_product_attention
-from ..tiled import tiled_attention
+from ..kernels.tiled import tiled_attention
 from .plotting import figure_png
 
 #: The example: one head, T = S = 9 positions, d_k = 4, d_v = 3, fixed seed.

@@ -1,8 +1,8 @@
-"""Checks for lesson 13's spot-the-bug drill, part three: serving bugs (13.19 to 13.21).
+"""Checks for lesson 13's spot-the-bug drill: the serving bugs (13.19 to 13.21).
 
 Taught with ``notebooks/10_serving.ipynb``. A prefix cache whose keys forget the prefix, a
 speculative decoder that does not roll its target's cache back, and a speculative sampler that
-resamples from the wrong distribution. Like :mod:`mha_course.checks.lesson13_decoding`, each
+resamples from the wrong distribution. Like :mod:`mha_course.checks.drill.decoding`, each
 check states the first property the learner's function breaks, by name, with the evidence,
 computes its reference now (generating alone, the exact output distribution), probes several
 sizes, and names the likely mistake of a known wrong fix.
@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..serving.decoder import ContiguousCache, Decoder, generate_alone
-from ..serving.paged import PagedStore
-from ..serving.scheduler import CostModel, Request, serve
-from . import properties as P
-from .harness import call, fail, fmt, passed
-from .measure import check_rng
+from ...serving.decoder import ContiguousCache, Decoder, generate_alone
+from ...serving.paged import PagedStore
+from ...serving.scheduler import CostModel, Request, serve
+from .. import properties as P
+from ..harness import call, fail, fmt, passed
+from ..measure import check_rng
 
 __all__ = ["check_prefix_keys", "check_speculative_rollback", "check_speculative_residual"]
 

@@ -1,11 +1,11 @@
-"""Checks for lesson 13's spot-the-bug drill, part three: generation bugs (13.16 to 13.18).
+"""Checks for lesson 13's spot-the-bug drill: the generation bugs (13.16 to 13.18).
 
 Taught with lesson 09 (``notebooks/09_tiny_gpt.ipynb``, §4: sampling and the KV cache) and
 drilled in ``notebooks/13_interview_drill.ipynb``. Each bug comes from a public report: a top-p
 filter that drops the token crossing the threshold, a temperature that cancels out because it
 divides the probabilities instead of the logits, and a decoding offset advanced by the prompt's
-length at every step. Like :mod:`mha_course.checks.lesson13` and
-:mod:`mha_course.checks.lesson13_decoding`, each check computes its reference at check time on
+length at every step. Like :mod:`mha_course.checks.drill.attention` and
+:mod:`mha_course.checks.drill.decoding`, each check computes its reference at check time on
 several shapes, names the first property the learner's function breaks with the evidence, and
 recognises the likely wrong fixes.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import (
+from ... import (
     MultiHeadAttention,
     apply_rope,
     causal_mask,
@@ -23,12 +23,12 @@ from .. import (
     softmax,
     split_heads,
 )
-from ..models.sampling import top_p_filter
-from ..variants.entropy import attention_entropy
-from . import properties as P
-from .harness import call, compare, fmt, passed
-from .measure import check_rng
-from .properties import array, require
+from ...serving.sampling import top_p_filter
+from ...variants.entropy import attention_entropy
+from .. import properties as P
+from ..harness import call, compare, fmt, passed
+from ..measure import check_rng
+from ..properties import array, require
 
 __all__ = ["check_decode_offset", "check_nucleus", "check_temperature"]
 
@@ -88,8 +88,8 @@ def check_nucleus(fn) -> None:
     for label, logits, p in probes:
         want = softmax(top_p_filter(logits, p))
         got = call(ex, fn, (logits.copy(), p), ("logits", "p"),
-                   forbid={"mha_course.models.sampling.top_p_filter": "fix the filter",
-                           "mha_course.models.sampling.next_token": "fix the filter"})
+                   forbid={"mha_course.serving.sampling.top_p_filter": "fix the filter",
+                           "mha_course.serving.sampling.next_token": "fix the filter"})
         arr = _distribution(ex, got, want.shape, label)
         probs = softmax(logits)
         kept = arr > 0
@@ -119,8 +119,8 @@ def check_temperature(fn) -> None:
         for tau in (0.5, 1.0, 2.0):
             label = f"for logits of shape {shape} at temperature {tau}"
             got = call(ex, fn, (logits.copy(), tau), ("logits", "temperature"),
-                       forbid={"mha_course.models.sampling.apply_temperature": "fix the "
-                               "temperature yourself", "mha_course.models.sampling.next_token":
+                       forbid={"mha_course.serving.sampling.apply_temperature": "fix the "
+                               "temperature yourself", "mha_course.serving.sampling.next_token":
                                "fix the temperature yourself"})
             outs[tau] = _distribution(ex, got, shape, label)
         label = f"for logits of shape {shape}"

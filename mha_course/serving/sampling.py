@@ -17,7 +17,8 @@ left. Filters set the logits they remove to ``-inf`` (probability exactly 0 afte
   Degeneration"): keep the smallest set of most probable tokens whose probabilities sum to at
   least ``p``. The token whose probability carries the running sum across ``p`` is *inside* the
   nucleus (dropping it is a classic bug); the most probable token is always kept.
-- **sampling** (:func:`sample`): draw one id per row by inverse transform: ``u ~ U(0, 1)``,
+- **sampling** (:func:`sample`, a :func:`draw` from :func:`probabilities`): draw one id per
+  row by inverse transform: ``u ~ U(0, 1)``,
   the first id whose cumulative probability exceeds ``u``. One uniform number per row, so a
   seeded generator gives the same tokens whatever the logits' round-off.
 """
@@ -29,8 +30,8 @@ import numpy as np
 from .._validate import as_float_array, fail, validate_positive_int
 from ..softmax import softmax
 
-__all__ = ["apply_temperature", "greedy", "next_token", "sample", "top_k_filter",
-           "top_p_filter"]
+__all__ = ["apply_temperature", "draw", "greedy", "next_token", "probabilities", "sample",
+           "top_k_filter", "top_p_filter"]
 
 
 def _logits(func: str, logits) -> np.ndarray:
@@ -130,6 +131,41 @@ def top_p_filter(logits, p: float) -> np.ndarray:
     return np.where(keep, logits, -np.inf)
 
 
+def probabilities(logits, temperature: float = 1.0) -> np.ndarray:
+    """``softmax(logits / temperature)`` over the last axis: the distribution a draw samples.
+
+    Examples
+    --------
+    >>> probabilities(np.log(np.array([0.2, 0.8])), temperature=1.0).round(3).tolist()
+    [0.2, 0.8]
+    """
+    return softmax(apply_temperature(logits, temperature))
+
+
+def draw(weights, rng) -> np.ndarray:
+    """One id per row from ``weights`` (..., V) (not necessarily normalised), shape (...), int64.
+
+    Inverse transform with one uniform number ``u`` per row: the first id whose cumulative
+    weight exceeds ``u · total``. An id of weight 0 is never drawn. Speculative decoding draws
+    from distributions that are not a softmax of logits (the residual ``max(0, p − q)``), so the
+    draw takes weights; :func:`sample` is a draw from the softmax.
+
+    Examples
+    --------
+    >>> draw(np.array([[0.0, 2.0, 0.0], [1.0, 0.0, 0.0]]), rng=0).tolist()
+    [1, 0]
+    """
+    weights = as_float_array("draw", "weights", weights)
+    rng = np.random.default_rng(rng)
+    u = rng.random(size=weights.shape[:-1] + (1,))  # (..., 1)
+    cdf = np.cumsum(weights, axis=-1, dtype=np.float64)
+    ids = (cdf <= u * cdf[..., -1:]).sum(axis=-1)  # the first id whose cdf exceeds u · total
+    # round-off can leave u beyond the last cdf; and a 0-weight id is never chosen
+    ids = np.minimum(ids, weights.shape[-1] - 1)
+    last_nonzero = weights.shape[-1] - 1 - np.argmax(weights[..., ::-1] > 0, axis=-1)
+    return np.minimum(ids, last_nonzero).astype(np.int64)
+
+
 def sample(logits, rng) -> np.ndarray:
     """Draw one id per row from ``softmax(logits)``, by inverse transform: shape (...), int64.
 
@@ -138,23 +174,14 @@ def sample(logits, rng) -> np.ndarray:
     logits : ndarray of float, shape (..., V)
         ``-inf`` entries have probability 0 and are never drawn.
     rng : int or numpy.random.Generator
-        One uniform number is drawn per row.
+        One uniform number is drawn per row (:func:`draw`).
 
     Examples
     --------
     >>> sample(np.log(np.array([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]) + 1e-300), rng=0).tolist()
     [1, 0]
     """
-    logits = _logits("sample", logits)
-    probs = softmax(logits)  # (..., V)
-    rng = np.random.default_rng(rng)
-    u = rng.random(size=probs.shape[:-1] + (1,))  # (..., 1)
-    cdf = np.cumsum(probs, axis=-1)
-    ids = (cdf <= u * cdf[..., -1:]).sum(axis=-1)  # the first id whose cdf exceeds u
-    # round-off can leave u beyond the last cdf; and a 0-probability id is never chosen
-    ids = np.minimum(ids, probs.shape[-1] - 1)
-    last_nonzero = probs.shape[-1] - 1 - np.argmax(probs[..., ::-1] > 0, axis=-1)
-    return np.minimum(ids, last_nonzero).astype(np.int64)
+    return draw(softmax(_logits("sample", logits)), rng)
 
 
 def next_token(logits, temperature: float = 1.0, top_k=None, top_p=None, rng=None):

@@ -1,8 +1,8 @@
-"""Checks for lesson 13's spot-the-bug drill, part two: the decoding bugs (13.9 to 13.14).
+"""Checks for lesson 13's spot-the-bug drill: the decoding bugs (13.9 to 13.14).
 
 A KV cache's mask, a cache that outlives its prompt, grouped K/V heads, RoPE, a sliding window
-and MLA's cache formula. Like :mod:`mha_course.checks.lesson13` (part one, which exports these
-checks too), each check names the first property of :mod:`mha_course.checks.properties` that
+and MLA's cache formula. Like :mod:`mha_course.checks.drill.attention`
+(13.1 to 13.8), each check names the first property of :mod:`mha_course.checks.properties` that
 the learner's function breaks, with the evidence, and the likely mistake of a known wrong fix.
 """
 
@@ -13,7 +13,7 @@ import numbers
 
 import numpy as np
 
-from .. import (
+from ... import (
     MultiHeadAttention,
     MultiHeadLatentAttention,
     apply_rope,
@@ -23,11 +23,11 @@ from .. import (
     scaled_dot_product_attention,
     split_heads,
 )
-from ..cost import MODELS
-from . import properties as P
-from .harness import as_array, call, check_rng, close, compare, fail, fmt_shape, pair, passed
-from .properties import array, require
-from .variants import attention_hint
+from ...cost import MODELS
+from .. import properties as P
+from ..harness import as_array, call, check_rng, close, compare, fail, fmt_shape, pair, passed
+from ..properties import array, require
+from ..variants import attention_hint
 
 __all__ = ["check_cache_reset", "check_chunk_mask", "check_gqa_prefill", "check_mla_cache_formula",
            "check_rope_values", "check_window_off_by_one"]

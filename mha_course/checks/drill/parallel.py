@@ -1,9 +1,9 @@
-"""Checks for lesson 13's spot-the-bug drill, part three: attention across devices and packed
+"""Checks for lesson 13's spot-the-bug drill: attention across devices and packed
 rows (13.22 to 13.24), from ``notebooks/11_parallel_and_precision.ipynb``.
 
 A row-parallel output projection whose bias is added on every device, a packed row whose
 documents see each other, and a log-sum-exp merge fed a base-2 log-sum-exp. Like
-:mod:`mha_course.checks.lesson13`, each check names the first property the learner's function
+:mod:`mha_course.checks.drill.attention`, each check names the first property the learner's function
 breaks, with the evidence, computes its reference at check time, probes several shapes, and
 names the likely mistake of a known wrong fix.
 """
@@ -14,13 +14,13 @@ import math
 
 import numpy as np
 
-from .. import MultiHeadAttention, causal_mask, sinusoidal_positions, tiled_attention
-from ..parallel.collectives import Cluster
-from ..parallel.packing import varlen_mask
-from . import properties as P
-from .harness import call, fail, pair, passed
-from .measure import check_rng
-from .properties import array, require
+from ... import MultiHeadAttention, causal_mask, sinusoidal_positions, tiled_attention
+from ...parallel.collectives import Cluster
+from ...parallel.packing import varlen_mask
+from .. import properties as P
+from ..harness import call, fail, pair, passed
+from ..measure import check_rng
+from ..properties import array, require
 
 __all__ = ["check_lse_merge", "check_packed_documents", "check_row_parallel_bias"]
 

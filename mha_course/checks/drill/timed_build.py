@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import MultiHeadAttention, causal_mask
-from . import properties as P
-from .harness import CheckFailed, call, check_rng, compare, fail, fmt_shape, passed
-from .properties import array, require
-from .variants import attention_hint
+from ... import MultiHeadAttention, causal_mask
+from .. import properties as P
+from ..harness import CheckFailed, call, check_rng, compare, fail, fmt_shape, passed
+from ..properties import array, require
+from ..variants import attention_hint
+
+__all__ = ["check_timed_build"]
 
 FORBID = {"mha_course": "write attention from a blank cell, with NumPy only"}
 STEPS = ("forward without a mask", "causal forward", "decoding with your cache")

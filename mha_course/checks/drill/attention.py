@@ -1,19 +1,19 @@
-"""Checks for lesson 13's spot-the-bug drill (``solutions/13_interview_drill.ipynb``).
+"""Checks for lesson 13's spot-the-bug drill: the attention and layer bugs (13.1 to 13.8).
 
 Each exercise hands the learner a broken function from a public bug report; its check runs the
 learner's fix against the property tests of :mod:`mha_course.checks.properties` and reports
-the first property it breaks, by name, with the evidence (``Exercise 09.N: property violated:
+the first property it breaks, by name, with the evidence (``Exercise 13.N: property violated:
 <property>. <evidence>``). The fix passes only when every property holds and the output equals
 the package's reference, computed now. A known wrong fix (one that hides the symptom) gets its
-likely mistake named as well (:mod:`mha_course.checks.variants`). The timed build, exercise
-13.15, lives in :mod:`mha_course.checks.timed_build`.
+likely mistake named as well (:mod:`mha_course.checks.variants`). The drill's other parts sit
+beside this module in :mod:`mha_course.checks.drill`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .. import (
+from ... import (
     MultiHeadAttention,
     causal_mask,
     param_count,
@@ -21,9 +21,8 @@ from .. import (
     softmax,
     split_heads,
 )
-from . import properties as P
-from .harness import (
-    CheckFailed,
+from .. import properties as P
+from ..harness import (
     as_array,
     call,
     check_rng,
@@ -34,43 +33,25 @@ from .harness import (
     fmt_shape,
     pair,
     passed,
+    repeat,
 )
-from .lesson13_decoding import (
-    check_cache_reset,
-    check_chunk_mask,
-    check_gqa_prefill,
-    check_mla_cache_formula,
-    check_rope_values,
-    check_window_off_by_one,
-    no_layer,
-)
-from .properties import array, require
-from .timed_build import check_timed_build
-from .variants import (
+from ..properties import array, require
+from ..variants import (
     attention_hint,
     bias_product_attention,
     dropout_variant,
     heads_scaled,
     renormalised_after_mask,
 )
+from .decoding import no_layer
 
 __all__ = [
-    "check_cache_reset", "check_causal_off_by_one", "check_chunk_mask", "check_dropout_scale",
-    "check_fully_masked_rows", "check_gqa_prefill", "check_head_scale", "check_mask_after_softmax",
-    "check_merge_order", "check_minus_inf_bias", "check_mla_cache_formula", "check_output_width",
-    "check_rope_values", "check_timed_build", "check_window_off_by_one", "diagnose",
+    "check_causal_off_by_one", "check_dropout_scale", "check_fully_masked_rows",
+    "check_head_scale", "check_mask_after_softmax", "check_merge_order", "check_minus_inf_bias",
+    "check_output_width",
 ]
 
 sdpa = scaled_dot_product_attention
-
-
-def diagnose(check, fn) -> None:
-    """Run ``check(fn)`` and print what it says instead of raising: which property a broken
-    function breaks (the drill runs it on each broken function it hands out)."""
-    try:
-        check(fn)
-    except CheckFailed as exc:
-        print(exc)
 
 
 def _qkv(rng, lead, T, S, d_k, d_v):
@@ -362,7 +343,7 @@ def check_dropout_scale(fn) -> None:
         require(ex, EVAL, P.moved_text(w, array(ex, evaluated, w.shape, "your eval weights", "")))
         gen = np.random.default_rng(2)
         with np.errstate(all="ignore"):
-            draws = np.stack([np.asarray(fn(w, p, gen), dtype=float) for _ in range(n)])
+            draws = np.stack([np.asarray(x, dtype=float) for x in repeat(fn, (w, p, gen), n)])
         share = float((draws == 0).mean())
         spread = 6 * np.sqrt(p * (1 - p) / draws.size)
         require(ex, DROPPED, abs(share - p) > spread and f"with p={p} you zeroed "

@@ -1,11 +1,11 @@
-"""Checks for lesson 13's spot-the-bug drill, part four: the 2025 attention block (13.25, 13.26).
+"""Checks for lesson 13's spot-the-bug drill: the 2025 attention block (13.25, 13.26).
 
 Taught with lesson 12 (``notebooks/12_attention_2025.ipynb``, §1: soft-capping and QK-norm) and
 drilled in ``notebooks/13_interview_drill.ipynb``. Each bug comes from a public report:
 soft-capping applied after the mask (onnx/onnx#7865: the ONNX Attention operator's soft-cap
 turned the mask's ``-inf`` into a finite score), and QK-norm computed over all heads at once
 instead of per head (vllm-project/vllm#16311, Llama 4's QK-norm). Like
-:mod:`mha_course.checks.lesson13_generation`, each check computes its reference at check time
+:mod:`mha_course.checks.drill.generation`, each check computes its reference at check time
 on several shapes, names the first property the learner's function breaks with the evidence,
 and recognises the likely wrong fixes.
 """
@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..attention import causal_mask
-from ..softmax import softmax
-from ..variants.logit_control import qk_norm, soft_cap
-from . import properties as P
-from .harness import call, compare, fmt, passed
-from .measure import check_rng
-from .properties import array, require
+from ...attention import causal_mask
+from ...softmax import softmax
+from ...variants.logit_control import qk_norm, soft_cap
+from .. import properties as P
+from ..harness import call, compare, fmt, passed
+from ..measure import check_rng
+from ..properties import array, require
 
 __all__ = ["check_per_head_qk_norm", "check_softcap_before_mask"]
 

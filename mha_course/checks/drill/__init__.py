@@ -1,0 +1,44 @@
+"""Checks for lesson 13's spot-the-bug drill (``solutions/13_interview_drill.ipynb``), one module
+per group of exercises:
+
+- :mod:`~mha_course.checks.drill.attention`: the attention and layer bugs (13.1 to 13.8);
+- :mod:`~mha_course.checks.drill.decoding`: the decoding bugs (13.9 to 13.14);
+- :mod:`~mha_course.checks.drill.timed_build`: the timed build (13.15);
+- :mod:`~mha_course.checks.drill.generation`: the generation bugs (13.16 to 13.18);
+- :mod:`~mha_course.checks.drill.serving`: the serving bugs (13.19 to 13.21);
+- :mod:`~mha_course.checks.drill.parallel`: attention across devices and packed rows (13.22 to
+  13.24);
+- :mod:`~mha_course.checks.drill.block2025`: the 2025 attention block (13.25, 13.26).
+
+Each spot-the-bug check runs the learner's fix against the property tests of
+:mod:`mha_course.checks.properties` and names the first property it breaks, with the evidence;
+:func:`diagnose` prints what a check says about a broken function instead of raising (the drill
+runs it on each broken function it hands out).
+
+Examples
+--------
+>>> from mha_course.checks import drill
+>>> drill.diagnose(drill.check_causal_off_by_one, lambda T: None)  # doctest: +ELLIPSIS
+Exercise 13.2: ...
+"""
+
+from ..harness import CheckFailed
+from .attention import *  # noqa: F403
+from .block2025 import *  # noqa: F403
+from .decoding import *  # noqa: F403
+from .generation import *  # noqa: F403
+from .parallel import *  # noqa: F403
+from .serving import *  # noqa: F403
+from .timed_build import *  # noqa: F403
+
+
+def diagnose(check, fn) -> None:
+    """Run ``check(fn)`` and print what it says instead of raising: which property a broken
+    function breaks (the drill runs it on each broken function it hands out)."""
+    try:
+        check(fn)
+    except CheckFailed as exc:
+        print(exc)
+
+
+__all__ = ["diagnose", *sorted(name for name in dir() if name.startswith("check_"))]

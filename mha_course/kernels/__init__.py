@@ -1,0 +1,16 @@
+"""Kernels: attention as fast code runs it, beside the readable path. Lesson 07.
+
+Taught in ``notebooks/07_flash_attention.ipynb``. The top level writes each step of attention
+once, for the reader; this wing holds the same computation ordered for a machine, each tested
+equal to the readable one:
+
+- :mod:`~mha_course.kernels.tiled`: FlashAttention-2's loop in NumPy, one (block, block) tile of
+  scores at a time with an online softmax, and the log-sum-exp it saves for the backward pass;
+- :mod:`~mha_course.kernels.lean`: every fast path of the NumPy course: the layer's forward
+  ordered for speed and memory, the softmax a block of rows at a time (L2-sized), and tiled
+  attention with its four CPU savings (``Tricks``).
+
+What it may import: the attention itself (the top level) and NumPy; nothing above it imports
+it except the serving wing (split-KV decoding runs the tiled loop), the widgets (the tile
+stepper), the checks and the lessons.
+"""
