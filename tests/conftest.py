@@ -85,11 +85,13 @@ def random_layer(rng, bias=False, n_kv_heads=None, *, d_model, h, d_k=None, d_v=
 SLOW_FILES = {
     "test_exercise_tools.py", "test_grading.py", "test_export_gradescope.py",
     "test_export_nbgrader.py", "test_sandbox.py", "test_limits.py", "test_trial_checker.py",
-    "test_trial_exports.py",
+    "test_trial_exports.py", "test_protection.py",
 }
 SLOW_TESTS = {  # single end-to-end tests in files that are otherwise fast
     "test_the_checkers_kernel_sends_threads_subprocesses_and_late_callbacks_as_background",
     "test_a_correct_notebook_with_background_output_gets_full_marks_and_the_same_rows",
+    "test_the_wheel_ships_the_references_and_no_solution",  # they build a wheel with pip
+    "test_a_learner_with_only_the_wheel_checks_their_notebook",
 }
 
 

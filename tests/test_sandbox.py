@@ -394,8 +394,11 @@ def package_copy(folder: Path):
         yield folder / "mha_course"
 
 
-def test_without_the_sandbox_no_write_changes_a_verdict_and_the_command_says_so(tmp_path):
-    """Writes succeed on disk without bwrap; the snapshots keep every verdict honest."""
+def test_without_the_sandbox_no_write_changes_a_verdict_and_the_command_says_so(tmp_path,
+                                                                               monkeypatch):
+    """Writes succeed on disk without bwrap, the kernel running as the checker's user (a
+    laptop; as root see test_protection.py); the snapshots keep every verdict honest."""
+    monkeypatch.setenv("MHA_COURSE_KERNEL_USER", "same")
     def attacks(targets):  # only temporary files here: nothing outside tmp_path is written
         cells = attack_cells({**targets, "checks": tmp_path / "unused", "checkout_file":
                               tmp_path / "unused"}, 1)

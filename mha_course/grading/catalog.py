@@ -28,7 +28,16 @@ import re
 from dataclasses import dataclass
 
 from .generate import load_solutions
-from .notebooks import ID_RE, course_root, id_key, info, lesson_of, moved_message, sort_ids
+from .notebooks import (
+    ID_RE,
+    course_root,
+    defined_names,
+    id_key,
+    info,
+    lesson_of,
+    moved_message,
+    sort_ids,
+)
 
 #: A task heading: ``## Exercise 03.2 ★★ — Scaled dot-product attention with a mask``.
 HEADING_RE = re.compile(r"^#+\s*Exercise\s+(\d\d\.\d+)\s*(★*)\s*(?:[—–-]+\s*)?(.*?)\s*$")
@@ -52,30 +61,6 @@ class ExerciseInfo:
     def label(self) -> str:
         """``03.2 ★★ Scaled dot-product attention with a mask`` (what ``assign --list`` shows)."""
         return f"{self.id} {'★' * self.stars} {self.title}".rstrip()
-
-
-def defined_names(source: str) -> tuple[str, ...]:
-    """The names a cell defines at its top level (functions, classes, assignments), in order.
-
-    >>> defined_names("import math\\ndef f(x):\\n    return x\\nanswer = 42\\nclass C: pass")
-    ('f', 'answer', 'C')
-    >>> defined_names("def f(:")
-    ()
-    """
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
-        return ()
-    names: list[str] = []
-    for node in tree.body:
-        found: list[str] = []
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            found = [node.name]
-        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            found = [t.id for t in targets if isinstance(t, ast.Name)]
-        names += [n for n in found if n not in names]
-    return tuple(names)
 
 
 def called_checks(source: str) -> tuple[str, ...]:

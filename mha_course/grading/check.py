@@ -18,15 +18,26 @@ import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .account import Accounts, Lockdown
 from .assignment import NOTEBOOK_KEY, Assignment
 from .bundle import build_bundle
 from .catalog import exercises
-from .generate import load_solutions
+from .generate import SANITIZE, load_solutions
 from .limits import Limits, find_enforcement
 from .merge import course_sources, merge_learner, normalised, reference_for
 from .notebooks import ID_RE, ExerciseError, course_root, info, lesson_of, nb_info, read_notebook
 from .run import DEFAULT_TIMEOUT, Isolation, run_nbval
-from .sandbox import CHANGED_SUFFIX, Change, FileGuard, Library, find_sandbox
+from .sandbox import (
+    CHANGED_SUFFIX,
+    OWN_USER,
+    UNSANDBOXED,
+    Change,
+    FileGuard,
+    Library,
+    TreeWatch,
+    choose_sandbox,
+    python_paths,
+)
 from .verdicts import NotebookResult, Verdict, judge_run
 
 #: The pytest plugin of grading mode (checks run in the grader, see grading/grader.py).
@@ -191,6 +202,14 @@ def tampering(learner, ref, assignment: Assignment) -> list[str]:
     return notes
 
 
+def _bytes_of(path: Path) -> bytes | None:
+    """A private file's bytes (None: a folder, or unreadable)."""
+    try:
+        return path.read_bytes() if path.is_file() else None
+    except OSError:
+        return None
+
+
 @functools.lru_cache(maxsize=2)
 def package_snapshot(package_dir: str) -> Library:
     """One snapshot of the package per process (it lives in memory, never re-read)."""
@@ -223,12 +242,14 @@ class Checker:
     assignment: Assignment | None = None
     #: Grading mode: the instructor's probes file, as text (see mha_course.grading.grader).
     probes: str | None = None
+    #: Without the sandbox, as root: the paths made private for the command (call :meth:`close`).
+    lockdown: Lockdown | None = None
 
     @classmethod
     def create(cls, solutions_dir=None, timeout: float = DEFAULT_TIMEOUT, sandbox: bool = True,
                hidden=(), sanitize: Path | None = None, assignment: Assignment | None = None,
                probes: str | None = None, limits: Limits | None = None,
-               keep: Path | None = None) -> Checker:
+               keep: Path | None = None, private=()) -> Checker:
         """Snapshot the solutions, the package and the sanitize file; find the sandbox.
 
         ``hidden`` folders (the submissions) are hidden from the sandboxed kernel, as are the
@@ -238,14 +259,28 @@ class Checker:
         (default: 4 GiB, 256 processes, 1 GiB of disk per kernel) bound every kernel
         (:mod:`mha_course.grading.limits`). ``keep``: the folder where the changed bytes of a
         submission that changed during the check are kept (:func:`keep_folder`; None: beside it).
+
+        Without the sandbox, as root, each kernel runs as an unprivileged user of its own
+        (:mod:`mha_course.grading.account`): the solutions, the ``hidden`` folders and the
+        ``private`` paths (the assignment, probes and roster files; folders) are made unreadable
+        to it until :meth:`close`. The private files are read now, before any learner code
+        runs, and watched like the solutions: a change is restored and reported, and never used.
+        Not root, the kernel runs as you, and only the watching holds.
         """
         root = course_root()
+        submissions = tuple(hidden)
         solutions_dir = Path(solutions_dir) if solutions_dir is not None else root / "solutions"
         if sanitize is None and (root / "tests" / "nbval_sanitize.cfg").is_file():
             sanitize = root / "tests" / "nbval_sanitize.cfg"
+        elif sanitize is None and (solutions_dir / SANITIZE).is_file():
+            sanitize = solutions_dir / SANITIZE  # the references a wheel ships
         solutions = load_solutions(solutions_dir)
         watched = {p: p.read_bytes() for p, _ in solutions.values()}
-        bwrap, why = find_sandbox(sandbox)
+        bwrap, why = choose_sandbox(sandbox)
+        private = {Path(p): _bytes_of(Path(p)) for p in private}
+        accounts, lockdown = None, None
+        if bwrap is None:
+            accounts, _ = Accounts.find()
         hidden = tuple(dict.fromkeys([root, solutions_dir, PACKAGE_DIR.parent, Path.home(),
                                       *hidden]))
         if assignment is not None:
@@ -263,12 +298,50 @@ class Checker:
                 guard.add(PACKAGE_DIR.parent / rel, data)
         if sanitize:
             guard.add(sanitize)
+        for path, data in private.items():
+            if data is not None:
+                guard.add(path, data)
+        tree = None
+        if bwrap is None and accounts is None:  # the kernel runs as you: report what it wrote
+            checkout = [root] if (root / "solutions").is_dir() else []
+            tree = TreeWatch([*checkout, solutions_dir, *submissions])
+        if accounts is not None:
+            lockdown = Lockdown([solutions_dir, Path.home(), *submissions, *private],
+                                keep_open=python_paths())
         isolation = Isolation(library,
                               Path(sanitize).read_text(encoding="utf-8") if sanitize else None,
                               bwrap, hidden, (GRADER_PLUGIN,) if assignment is not None else (),
-                              limits, find_enforcement(limits, bwrap is not None), guard)
+                              limits,
+                              find_enforcement(limits, bwrap is not None, accounts is not None),
+                              guard,
+                              accounts, (root,) if accounts is not None else (),
+                              tree)
         return cls(solutions, solutions_dir, isolation, timeout, why, watched, assignment,
-                   probes)
+                   probes, lockdown)
+
+    def notes(self) -> list[str]:
+        """What the command says first: how learners' code runs here, what is not enforced."""
+        if self.unsandboxed and not self.own_users:
+            return [UNSANDBOXED.format(reason=self.unsandboxed)]
+        first = [OWN_USER.format(reason=self.unsandboxed)] if self.unsandboxed else []
+        locked = self.lockdown.notes if self.lockdown is not None else []
+        return [*first, *locked, *self.isolation.enforcement.missing]
+
+    def __enter__(self) -> Checker:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def own_users(self) -> bool:
+        """Whether kernels run as users of their own (no sandbox, the checker is root)."""
+        return self.isolation.accounts is not None
+
+    def close(self) -> None:
+        """Give the paths made private for this command their permission bits back."""
+        if self.lockdown is not None:
+            self.lockdown.close()
 
     @functools.cached_property
     def catalog(self) -> dict:

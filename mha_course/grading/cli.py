@@ -2,7 +2,9 @@
 
 ``mha_course/__main__.py`` and the ``mha-course`` script both call :func:`main`.
 
-- ``generate``: rebuild ``exercises/`` from ``solutions/`` (what ``make exercises`` runs).
+- ``generate``: rebuild ``exercises/`` from ``solutions/`` (what ``make exercises`` runs), and
+  the package's ``references/`` (the solutions without their answers: a learner with only the
+  wheel checks against them).
 - ``check``: the learner's verdict on a notebook (``make check EX=03``), or an instructor's
   table over a folder of submissions; with ``--assignment`` (``make grade``) a class graded
   against the assignment: the gradebook CSV, feedback files, checks run in the grader.
@@ -52,7 +54,7 @@ from .export import choose
 from .export_gradescope import export_gradescope
 from .export_nbgrader import export_nbgrader
 from .feedback import write_feedback
-from .generate import find_stale, generate
+from .generate import REFERENCES, default_solutions, find_stale, generate
 from .grade import check_class
 from .gradebook import gradebook_csv, gradebook_table, write_text
 from .intake import read_roster
@@ -69,7 +71,6 @@ from .notebooks import (
 from .outputs import backup, free_name, plan_outputs
 from .report import combine, csv_text, format_result, summary_table
 from .run import DEFAULT_TIMEOUT, stop_on_signals
-from .sandbox import UNSANDBOXED
 from .tidy import problems, tidy
 
 
@@ -203,14 +204,16 @@ def _count_or_none(text: str) -> int | None:
 
 
 def _solutions(arg: Path | None) -> Path:
-    return arg if arg is not None else course_root() / "solutions"
+    return arg if arg is not None else default_solutions(course_root())
 
 
 def _generate(args) -> int:
     solutions = _solutions(args.solutions)
     out = args.out if args.out is not None else course_root() / "exercises"
+    own = args.solutions is None and args.out is None and solutions != REFERENCES
+    refs = {"references": REFERENCES, "sanitize": course_root() / "tests" / "nbval_sanitize.cfg"}
     if args.verify:
-        stale = find_stale(solutions, out)
+        stale = find_stale(solutions, out, **(refs if own else {}))
         for line in stale:
             print(f"stale: {line}")
         if stale:
@@ -218,7 +221,7 @@ def _generate(args) -> int:
             return 1
         print(f"{out}: up to date with {solutions}")
         return 0
-    for path, changed in generate(solutions, out, force=args.force):
+    for path, changed in generate(solutions, out, force=args.force, **(refs if own else {})):
         print(f"{'wrote' if changed else 'unchanged'} {path}")
     return 0
 
@@ -311,21 +314,19 @@ def _check(args) -> int:
     keep = keep_folder(outputs.csv) if outputs.csv is not None and folder_mode else None
     hidden = [p if p.is_dir() else p.parent for p in paths]
     limits = Limits(args.memory, args.processes, args.disk)
+    private = [p for p in (args.assignment, args.probes, args.roster) if p is not None]
     with stop_on_signals():
         checker = Checker.create(_solutions(args.solutions), args.timeout,
                                  sandbox=not args.no_sandbox, hidden=hidden, assignment=assignment,
-                                 probes=probes, limits=limits, keep=keep)
-        if checker.unsandboxed:
-            print("note: " + UNSANDBOXED.format(reason=checker.unsandboxed), file=sys.stderr,
-                  flush=True)
-        else:  # unsandboxed, the note above says it all
-            for missing in checker.isolation.enforcement.missing:
-                print(f"note: {missing}", file=sys.stderr, flush=True)
-        if folder_mode:
-            code = _check_folder(args, paths, checker, outputs, roster, deadline)
-        else:
-            code = _check_files(args, paths, checker, outputs.csv)
-        changed = checker.changed()
+                                 probes=probes, limits=limits, keep=keep, private=private)
+        with checker:  # the files made private to the kernels get their permissions back
+            for note in checker.notes():
+                print(f"note: {note}", file=sys.stderr, flush=True)
+            if folder_mode:
+                code = _check_folder(args, paths, checker, outputs, roster, deadline)
+            else:
+                code = _check_files(args, paths, checker, outputs.csv)
+            changed = checker.changed()
     if changed:  # by an editor's autosave, or by a submission's code without a sandbox
         print("warning: these files changed on disk during the check (every verdict above used "
               "the copies taken at the start):\n" + "\n".join(f"  {c}" for c in changed),

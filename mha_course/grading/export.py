@@ -122,6 +122,9 @@ def build_wheel(folder: Path) -> Path:
     info = f"{DISTRIBUTION.replace('-', '_')}-{dist.version}.dist-info"
     files = {rel: data for rel, data in package_snapshot(str(PACKAGE_DIR)).files.items()
              if not rel.endswith(".pyc") and "__pycache__" not in rel}
+    for ref in sorted((PACKAGE_DIR / "grading" / "references").glob("*")):  # a learner needs
+        if ref.is_file():
+            files[f"mha_course/grading/references/{ref.name}"] = ref.read_bytes()
     files[f"{info}/METADATA"] = metadata.encode("utf-8")
     files[f"{info}/WHEEL"] = (b"Wheel-Version: 1.0\nGenerator: mha-course export\n"
                               b"Root-Is-Purelib: true\nTag: py3-none-any\n")

@@ -11,7 +11,9 @@ container; the layout and results format are Gradescope's "Autograder Specificat
   ``run_autograder`` (run for every submission: :func:`run_autograder` checks the submitted
   notebook against the assignment with the course's checker, in grading mode, and writes
   ``/autograder/results/results.json``), ``wheels/`` (the course), ``solutions/`` (the
-  reference notebooks of the lessons used), ``assignment.json``, ``autograder.json`` (the cell
+  reference notebooks of the lessons used; like ``assignment.json``, mode 0600 in the zip, and
+  made unreadable to the student's kernel for each run: see :func:`run_autograder`),
+  ``assignment.json``, ``autograder.json`` (the cell
   timeout), ``nbval_sanitize.cfg`` and the starter notebook;
 - beside the zip, the students' starter notebook ``NAME.ipynb`` (what ``assign`` writes).
 
@@ -137,7 +139,9 @@ def export_gradescope(assignment: Assignment, out: Path, solutions=None, name: s
             for file_name, data in files.items():
                 entry = zipfile.ZipInfo(file_name, date_time=(1980, 1, 1, 0, 0, 0))
                 executable = file_name in ("setup.sh", "run_autograder")
-                entry.external_attr = ((0o755 if executable else 0o644) | stat.S_IFREG) << 16
+                private = file_name.startswith("solutions/") or file_name == "assignment.json"
+                mode = 0o755 if executable else 0o600 if private else 0o644  # the grader's only
+                entry.external_attr = (mode | stat.S_IFREG) << 16
                 entry.compress_type = zipfile.ZIP_DEFLATED
                 archive.writestr(entry, data)
     starter.write_text(starter_text, encoding="utf-8", newline="\n")
@@ -189,10 +193,17 @@ def results_for(row, assignment: Assignment, catalog: dict, roots, seconds: floa
 
 
 def run_autograder(root: str | Path) -> dict:
-    """Grade ``root/submission`` against ``root/source``; write and return ``results.json``."""
+    """Grade ``root/submission`` against ``root/source``; write and return ``results.json``.
+
+    In the sandbox the kernel cannot see ``root``; without it (Gradescope runs this as root)
+    each kernel runs as an unprivileged user of its own, and ``source/`` (the solutions, the
+    assignment), the submission and the results are unreadable to it for the run
+    (:mod:`mha_course.grading.account`); the log says which held.
+    """
     start = time.monotonic()
     root = Path(root)
     source, submission = root / "source", root / "submission"
+    private = [source / "assignment.json", source, submission, root / "results"]
     assignment = load_assignment(source / "assignment.json")
     settings = json.loads((source / "autograder.json").read_text(encoding="utf-8"))
     timeout = float(settings.get("timeout", DEFAULT_TIMEOUT))
@@ -200,21 +211,26 @@ def run_autograder(root: str | Path) -> dict:
     sanitize = source / "nbval_sanitize.cfg"
     checker = Checker.create(source / "solutions", timeout, hidden=[root],
                              sanitize=sanitize if sanitize.is_file() else None,
-                             assignment=assignment)
+                             assignment=assignment, private=private)
     if checker.unsandboxed:
-        print(f"note: checking without a sandbox: {checker.unsandboxed}", flush=True)
+        how = (", each kernel as an unprivileged user of its own" if checker.own_users else
+               "; the kernel runs as this user and can read the solutions")
+        print(f"note: checking without a sandbox: {checker.unsandboxed}{how}", flush=True)
     notebooks = submitted_notebooks(submission)
     checker.watch(notebooks)
     results = []
-    for path in notebooks:
-        try:
-            result = checker.check(path)
-        except ExerciseError as exc:
-            result = exc
-        results.append((path, result))
-        print(result if isinstance(result, ExerciseError) else
-              f"{path.name}: " + ", ".join(f"{v.exercise} {v.status}" for v in result.verdicts),
-              flush=True)
+    with checker:  # the private folders get their permissions back
+        for path in notebooks:
+            try:
+                result = checker.check(path)
+            except ExerciseError as exc:
+                result = exc
+            results.append((path, result))
+            print(result if isinstance(result, ExerciseError) else
+                  f"{path.name}: " + ", ".join(f"{v.exercise} {v.status}"
+                                               for v in result.verdicts), flush=True)
+        for line in checker.changed():
+            print(f"warning: changed or written during the check: {line}", flush=True)
     row = grade_row(_student(root), "", results, assignment)
     if not notebooks:  # say why once, and what to do: not also grade_row's generic note
         why = (f"no notebook (.ipynb) in the submission: upload your "

@@ -2,6 +2,10 @@
 
 :func:`generate` turns each solution notebook into an exercise notebook: the solution region
 becomes ``raise NotImplementedError("Exercise 03.2: <task>")`` and outputs are cleared.
+:func:`write_references` writes the package's ``references/``: each solution notebook with its
+outputs (what a learner's cells must print) but without its answers (:func:`redact_source`),
+what ``python -m mha_course check`` checks a learner's notebook against where there is no
+``solutions/`` folder (a learner who installed only the wheel).
 :func:`find_stale` is what ``python -m mha_course generate --verify`` (and the staleness test)
 compare against. Every solution notebook is first validated against the format contract (see
 :mod:`mha_course.grading.notebooks`), so a malformed one stops with one clear line.
@@ -22,6 +26,7 @@ from .notebooks import (
     LESSON_RE,
     ROLES,
     ExerciseError,
+    defined_names,
     id_key,
     info,
     lesson_of,
@@ -29,6 +34,12 @@ from .notebooks import (
     notebook_text,
     read_notebook,
 )
+
+#: Where the references learners check against ship: ``mha_course/grading/references/``,
+#: written by ``python -m mha_course generate`` from ``solutions/`` (never edited by hand).
+REFERENCES = Path(__file__).resolve().parent / "references"
+#: nbval's sanitize file, shipped beside the references (a wheel has no ``tests/``).
+SANITIZE = "nbval_sanitize.cfg"
 
 
 def stub_source(source: str, exercise: str, task: str, where: str = "") -> str:
@@ -136,6 +147,101 @@ def make_exercise_notebook(nb):
     return out
 
 
+def redact_source(source: str, exercise: str, task: str) -> str:
+    r"""A solution cell without its answer, for the references a learner's check runs against.
+
+    The solution region keeps its markers but holds only the exercise's stub and, when the
+    region is at the cell's top level, ``NAME = ...`` for each name it defines (so the catalog
+    still knows which functions an exercise defines); what lies outside the region (a
+    signature, a docstring) is what the exercise notebook shows anyway.
+
+    >>> print(redact_source("def f(x):\n    ### BEGIN SOLUTION\n    y = x + 1\n    return y\n"
+    ...                     "    ### END SOLUTION", "97.1", "add one"))
+    def f(x):
+        ### BEGIN SOLUTION
+        raise NotImplementedError("Exercise 97.1: add one")
+        ### END SOLUTION
+    >>> print(redact_source("### BEGIN SOLUTION\ndef g(x):\n    return 2 * x\nanswer = g(21)\n"
+    ...                     "### END SOLUTION", "97.2", "double"))
+    ### BEGIN SOLUTION
+    raise NotImplementedError("Exercise 97.2: double")
+    g = ...
+    answer = ...
+    ### END SOLUTION
+    """
+    stubbed = stub_source(source, exercise, task)  # validates the markers
+    lines = source.split("\n")
+    b = next(i for i, line in enumerate(lines) if line.strip() == BEGIN)
+    e = next(i for i, line in enumerate(lines) if line.strip() == END)
+    indent = lines[b][: len(lines[b]) - len(lines[b].lstrip())]
+    names = [] if indent else defined_names("\n".join(lines[b + 1:e]))  # a body's: locals
+    stub = stubbed.split("\n")[b]
+    return "\n".join(lines[: b + 1] + [stub] + [f"{indent}{n} = ..." for n in names]
+                     + lines[e:])
+
+
+def make_reference_notebook(nb):
+    """The reference of a (validated) solution notebook for learners: its outputs (what each
+    cell must print), every cell but the answers (:func:`redact_source`)."""
+    out = copy.deepcopy(nb)
+    for cell in out.cells:
+        cell.metadata.pop("execution", None)
+        meta = info(cell)
+        if cell.cell_type == "code" and meta.get("role") == "solution":
+            cell.source = redact_source(cell.source, meta["exercise"], meta["task"])
+    return out
+
+
+def render_references(solutions_dir: str | Path) -> dict[str, str]:
+    """``{file name: reference notebook text}`` of every solution notebook (validated)."""
+    rendered = {}
+    for path in solution_paths(solutions_dir):
+        nb = read_notebook(path)
+        validate_solution_notebook(nb, path)
+        rendered[path.name] = notebook_text(make_reference_notebook(nb))
+    return rendered
+
+
+def write_references(solutions_dir: str | Path, out_dir: str | Path = REFERENCES,
+                     sanitize: Path | None = None) -> list[tuple[Path, bool]]:
+    """Write :func:`render_references` into ``out_dir`` (the package's ``references/``), with
+    nbval's sanitize file; remove references of lessons that are gone. Returns
+    ``(path, changed)``."""
+    rendered = {name: text.encode("utf-8") for name, text in
+                render_references(solutions_dir).items()}
+    if sanitize is not None and Path(sanitize).is_file():
+        rendered[SANITIZE] = Path(sanitize).read_bytes()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, data in rendered.items():
+        target = out_dir / name
+        changed = not target.exists() or target.read_bytes() != data
+        if changed:
+            target.write_bytes(data)
+        written.append((target, changed))
+    for old in out_dir.glob("[0-9][0-9]_*.ipynb"):
+        if old.name not in rendered:
+            old.unlink()
+            written.append((old, True))
+    return written
+
+
+def stale_references(solutions_dir: str | Path, out_dir: str | Path = REFERENCES,
+                     sanitize: Path | None = None) -> list[str]:
+    """The reference files that differ from what :func:`write_references` would write."""
+    rendered = {name: text.encode("utf-8") for name, text in
+                render_references(solutions_dir).items()}
+    if sanitize is not None and Path(sanitize).is_file():
+        rendered[SANITIZE] = Path(sanitize).read_bytes()
+    out_dir = Path(out_dir)
+    stale = [str(out_dir / n) for n, data in rendered.items()
+             if not (out_dir / n).is_file() or (out_dir / n).read_bytes() != data]
+    stale += [f"{p} (its lesson has no solution notebook)"
+              for p in sorted(out_dir.glob("[0-9][0-9]_*.ipynb")) if p.name not in rendered]
+    return stale
+
+
 def solution_paths(solutions_dir: str | Path) -> list[Path]:
     """The solution notebooks (``NN_*.ipynb``), sorted by name."""
     solutions_dir = Path(solutions_dir)
@@ -174,13 +280,16 @@ def learner_work(path: Path) -> str:
 
 
 def generate(
-    solutions_dir: str | Path, out_dir: str | Path, force: bool = False
+    solutions_dir: str | Path, out_dir: str | Path, force: bool = False,
+    references: Path | None = None, sanitize: Path | None = None,
 ) -> list[tuple[Path, bool]]:
     """Write one exercise notebook per solution notebook into ``out_dir``.
 
     Every solution notebook is validated before anything is written, so a bad one writes
     nothing. Files whose bytes would not change are left alone; a file holding a learner's work
-    (see :func:`learner_work`) is only overwritten with ``force``. Returns ``(path, changed)``.
+    (see :func:`learner_work`) is only overwritten with ``force``. With ``references`` (the
+    course's own, :data:`REFERENCES`), :func:`write_references` writes them too, with the
+    ``sanitize`` file. Returns ``(path, changed)``.
     """
     rendered = render_exercises(solutions_dir)
     if not rendered:
@@ -203,11 +312,24 @@ def generate(
         if changed:
             target.write_bytes(data)
         written.append((target, changed))
+    if references is not None:
+        written += write_references(solutions_dir, references, sanitize)
     return written
 
 
-def find_stale(solutions_dir: str | Path, exercises_dir: str | Path) -> list[str]:
-    """Return the exercise files that differ from what ``generate`` would write (empty: fresh)."""
+def default_solutions(root: Path) -> Path:
+    """The solutions a command uses by default: the checkout's ``solutions/``, else (a learner
+    with only the wheel) the references the package ships (the solutions without answers)."""
+    folder = Path(root) / "solutions"
+    if folder.is_dir() or not any(REFERENCES.glob("[0-9][0-9]_*.ipynb")):
+        return folder
+    return REFERENCES
+
+
+def find_stale(solutions_dir: str | Path, exercises_dir: str | Path,
+               references: Path | None = None, sanitize: Path | None = None) -> list[str]:
+    """Return the exercise files that differ from what ``generate`` would write (empty: fresh);
+    with ``references``, the reference files too (:func:`stale_references`)."""
     rendered = render_exercises(solutions_dir)
     exercises_dir = Path(exercises_dir)
     stale = []
@@ -221,6 +343,8 @@ def find_stale(solutions_dir: str | Path, exercises_dir: str | Path) -> list[str
         for extra in sorted(exercises_dir.glob("*.ipynb")):
             if extra.name not in rendered:
                 stale.append(f"{extra} has no solution notebook")
+    if references is not None:
+        stale += stale_references(solutions_dir, references, sanitize)
     return stale
 
 

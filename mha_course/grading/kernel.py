@@ -7,10 +7,12 @@ any cell, means that a learner's file named ``mha_course/...`` or ``numpy.py`` i
 folder cannot replace the checks: the modules are already loaded. Nothing is added to the
 notebook's namespace.
 
-Before that, the kernel sets on itself the rlimits the checker asks for in ``MHA_COURSE_LIMITS``
-(memory, file size and, inside the sandbox's user namespace, processes: see
-:mod:`mha_course.grading.limits`); no learner code has run yet, and without privileges (which the
-sandbox drops) a limit cannot be raised again.
+Before that, without a sandbox and as root, the kernel becomes the unprivileged user the checker
+chose for it (:func:`mha_course.grading.account.drop_privileges`); then it sets on itself the
+rlimits the checker asks for in ``MHA_COURSE_LIMITS`` (memory, file size and, inside the
+sandbox's user namespace or as its own user, processes: see :mod:`mha_course.grading.limits`);
+no learner code has run yet, and without privileges (which the sandbox drops) a limit cannot be
+raised again.
 
 Output belongs to the cell that printed it, or to nobody (:func:`own_output`). ipykernel sends
 whatever reaches ``sys.stdout``/``sys.stderr`` (or a display) with the parent header of the cell
@@ -28,8 +30,10 @@ import os
 import sys
 import threading
 
+from mha_course.grading.account import DROP_ENV, drop_privileges
 from mha_course.grading.limits import ENV, apply_rlimits
 
+drop_privileges(os.environ.pop(DROP_ENV, None), sys.argv)
 apply_rlimits(os.environ.pop(ENV, None))
 
 import mha_course.checks  # noqa: E402, F401  (loaded before any learner code runs)

@@ -157,8 +157,12 @@ def _usable_parent(controller: str) -> tuple[Path, bool] | None:
         _remove(probe)
 
 
-def find_enforcement(limits: Limits, sandboxed: bool) -> Enforcement:
-    """Which mechanism enforces each limit here, and what is missing (in words)."""
+def find_enforcement(limits: Limits, sandboxed: bool, own_user: bool = False) -> Enforcement:
+    """Which mechanism enforces each limit here, and what is missing (in words).
+
+    ``own_user``: each kernel runs as a user of its own (no sandbox, as root; see
+    :mod:`mha_course.grading.account`), so its ``RLIMIT_NPROC`` counts its processes only.
+    """
     cgroups = {}
     if os.name == "posix" and hasattr(os, "geteuid"):
         for controller, wanted in (("pids", limits.processes), ("memory", limits.memory)):
@@ -169,7 +173,7 @@ def find_enforcement(limits: Limits, sandboxed: bool) -> Enforcement:
     root = hasattr(os, "geteuid") and os.geteuid() == 0
     nproc = sandboxed and not root
     missing = []
-    if limits.processes and "pids" not in cgroups and not nproc:
+    if limits.processes and "pids" not in cgroups and not nproc and not own_user:
         why = ("as root RLIMIT_NPROC does not apply and no pids cgroup can be made here"
                if root else "without the sandbox RLIMIT_NPROC would count all your processes")
         missing.append(f"the process limit is not enforced ({why})")

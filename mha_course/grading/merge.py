@@ -27,7 +27,7 @@ from pathlib import Path
 import nbformat
 
 from .bundle import build_bundle
-from .catalog import called_checks, defined_names, exercise_of_check, exercise_of_function
+from .catalog import called_checks, exercise_of_check, exercise_of_function
 from .generate import load_solutions, stub_source
 from .notebooks import (
     ID_RE,
@@ -35,6 +35,7 @@ from .notebooks import (
     MOVED_LESSONS,
     CellRole,
     ExerciseError,
+    defined_names,
     first_line,
     info,
     is_stub,

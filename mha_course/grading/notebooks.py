@@ -9,6 +9,7 @@ solution cell holds one region between ``### BEGIN SOLUTION`` and ``### END SOLU
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from dataclasses import dataclass
@@ -205,3 +206,27 @@ def first_line(source: str) -> str:
 def clean(text: str) -> str:
     """``text`` without ANSI colour codes (tracebacks from a kernel are coloured)."""
     return ANSI_RE.sub("", text or "")
+
+
+def defined_names(source: str) -> tuple[str, ...]:
+    """The names a cell defines at its top level (functions, classes, assignments), in order.
+
+    >>> defined_names("import math\\ndef f(x):\\n    return x\\nanswer = 42\\nclass C: pass")
+    ('f', 'answer', 'C')
+    >>> defined_names("def f(:")
+    ()
+    """
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return ()
+    names: list[str] = []
+    for node in tree.body:
+        found: list[str] = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found = [node.name]
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            found = [t.id for t in targets if isinstance(t, ast.Name)]
+        names += [n for n in found if n not in names]
+    return tuple(names)

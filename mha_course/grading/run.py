@@ -34,9 +34,10 @@ from pathlib import Path
 
 import psutil
 
+from .account import RUN_PREFIX, SWEPT, Accounts, Written, kill_user, prepare_run_folder, sweep
 from .limits import Enforcement, KernelCgroups, Limits
 from .notebooks import ExerciseError, clean, notebook_text
-from .sandbox import FileGuard, Library, RunFolders, kernel_spec
+from .sandbox import FileGuard, Library, RunFolders, TreeWatch, kernel_spec
 
 #: nbval's timeout for one cell, in seconds (``python -m mha_course check --timeout``).
 DEFAULT_TIMEOUT = 30
@@ -64,7 +65,9 @@ class Isolation:
     ``hidden`` the folders the sandbox hides from the kernel; ``plugins`` more pytest plugins
     for the run (grading mode's :mod:`mha_course.grading.grader`); ``limits`` what each kernel
     may use and ``enforcement`` how this machine enforces it; ``guard`` the files no run may
-    change.
+    change; ``accounts`` the users kernels run as without the sandbox (as root), and
+    ``swept`` the folders searched after each run for what such a kernel wrote; ``tree``
+    (kernels running as the checker's user) the folders whose changes are reported.
     """
 
     library: Library
@@ -75,6 +78,13 @@ class Isolation:
     limits: Limits = field(default_factory=lambda: Limits(None, None, None))
     enforcement: Enforcement = field(default_factory=Enforcement)
     guard: FileGuard = field(default_factory=FileGuard)
+    #: Without the sandbox, as root: the user ids kernels run as (None: the checker's user).
+    accounts: Accounts | None = None
+    #: Folders besides the world-writable ones where a kernel's leftovers are looked for.
+    swept: tuple = field(default_factory=tuple)
+    #: Kernels running as the checker's user, unsandboxed: the folders whose changes are
+    #: reported after every run (the checkout, the submissions).
+    tree: TreeWatch | None = None
 
 
 class Stopped(Exception):
@@ -249,8 +259,11 @@ def run_nbval(nb, cell_timeout: float, isolation: Isolation, total_timeout=None,
                 return records, backstop
         raise ExerciseError("nbval could not run the notebook: " + " / ".join(tail))
     finally:
+        during = runs_since_last_look()
         if len(isolation.guard):
-            isolation.guard.verify(runs_since_last_look())
+            isolation.guard.verify(during)
+        if isolation.tree is not None:
+            isolation.guard.report(isolation.tree.look(during, isolation.guard.paths()))
 
 
 def _drain(stream, sink: bytearray, limit: int | None) -> None:
@@ -267,20 +280,35 @@ def run_nbval_once(nb, cell_timeout, isolation: Isolation, total_timeout=None, w
     if total_timeout is None:
         n_code = sum(c.cell_type == "code" for c in nb.cells)
         total_timeout = 90 + n_code * (cell_timeout + 10)
-    with tempfile.TemporaryDirectory(prefix="mha-course-check-") as tmp:
-        active = ActiveRun(who, Path(tmp))
-        key = _register(active)
-        try:
-            return _run_in(Path(tmp), nb, cell_timeout, isolation, total_timeout, active)
-        finally:
-            if active.cgroups is not None:
-                active.cgroups.remove()
-            _unregister(key)
+    uid = isolation.accounts.lease() if isolation.accounts is not None and not isolation.bwrap \
+        else None
+    try:
+        with tempfile.TemporaryDirectory(prefix=RUN_PREFIX) as tmp:
+            active = ActiveRun(who, Path(tmp))
+            key = _register(active)
+            try:
+                return _run_in(Path(tmp), nb, cell_timeout, isolation, total_timeout, active,
+                               uid)
+            finally:
+                if active.cgroups is not None:
+                    active.cgroups.remove()
+                _unregister(key)
+    finally:
+        if uid is not None:
+            kill_user(uid)
+            written = sweep(uid, (*SWEPT, *isolation.swept))
+            isolation.guard.report(Written(p, who) for p in written)
+            isolation.accounts.release(uid)
 
 
-def _run_in(tmp: Path, nb, cell_timeout, isolation: Isolation, total_timeout, active: ActiveRun):
-    """The body of :func:`run_nbval_once`, in the run's registered folder ``tmp``."""
+def _run_in(tmp: Path, nb, cell_timeout, isolation: Isolation, total_timeout, active: ActiveRun,
+            uid: int | None = None):
+    """The body of :func:`run_nbval_once`, in the run's registered folder ``tmp``; the kernel
+    runs as ``uid`` (None: as the checker)."""
     folders = RunFolders(tmp).make()
+    if uid is not None:
+        prepare_run_folder(folders.root, folders.run, folders.work, uid)
+        os.chmod(folders.kernel, 0o711)  # the grader's socket in it: reachable, not listed
     isolation.library.write(folders.lib)
     nb_path = folders.run / "submission.ipynb"
     nb_path.write_text(notebook_text(nb), encoding="utf-8")
@@ -289,7 +317,7 @@ def _run_in(tmp: Path, nb, cell_timeout, isolation: Isolation, total_timeout, ac
     spec = folders.run / "kernel.json"
     spec.write_text(json.dumps(kernel_spec(folders, isolation.bwrap, isolation.hidden,
                                            isolation.limits, isolation.enforcement,
-                                           active.cgroups)), encoding="utf-8")
+                                           active.cgroups, uid)), encoding="utf-8")
     mark = uuid.uuid4().hex
     env = {k: v for k, v in os.environ.items()
            if k not in ("PYTEST_ADDOPTS", "FORCE_COLOR", "PYTHONSTARTUP")}

@@ -41,6 +41,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from .account import DROP_ENV
 from .limits import ENV, Enforcement, Limits, kernel_env, launcher
 
 #: The module the kernel is started with (it imports the checks, then starts ipykernel).
@@ -50,6 +51,12 @@ SANDBOX_WORK = "/tmp/work"
 #: Shown once per command when learners' code runs without a sandbox (completed by the reason).
 UNSANDBOXED = ("learners' code runs WITHOUT a sandbox: {reason}; it can read and write whatever "
                "you can (see the README's trust model)")
+#: Shown instead when, without a sandbox, each kernel runs as a user of its own (root only).
+OWN_USER = ("learners' code runs without a sandbox ({reason}), each kernel as an unprivileged "
+            "user of its own: it cannot read the solutions, the assignment or the submissions, "
+            "nor write your files (see the README's trust model)")
+#: The environment variable that turns the sandbox off (``off``), as ``--no-sandbox`` does.
+SANDBOX_ENV = "MHA_COURSE_SANDBOX"
 
 
 @dataclass(frozen=True)
@@ -70,7 +77,8 @@ class Library:
         with tempfile.TemporaryDirectory(prefix="mha-course-pyc-") as tmp:
             for path in sorted(package_dir.rglob("*")):
                 rel = path.relative_to(package_dir.parent)
-                if not path.is_file() or "__pycache__" in rel.parts or path.suffix == ".pyc":
+                if (not path.is_file() or "__pycache__" in rel.parts or path.suffix == ".pyc"
+                        or rel.parts[1:3] == ("grading", "references")):  # the checker's alone
                     continue
                 files[rel.as_posix()] = path.read_bytes()
                 if path.suffix != ".py":
@@ -190,6 +198,16 @@ class FileGuard:
     def __len__(self) -> int:
         return len(self._files)
 
+    def paths(self) -> list[Path]:
+        """The files watched."""
+        with self._lock:
+            return list(self._files)
+
+    def report(self, changes) -> None:
+        """Add ``changes`` found by other means (what a kernel wrote elsewhere) to the report."""
+        with self._lock:
+            self.changes += list(changes)
+
     def verify(self, during=()) -> list[Change]:
         """Compare every file with its snapshot; restore or report each change (see above)."""
         found = []
@@ -224,6 +242,80 @@ class FileGuard:
         except OSError as exc:
             return Change(path, during, kept, error=str(exc))
         return Change(path, during, kept, restored=True)
+
+
+#: Folders a tree watch does not look into (caches, environments, version control).
+UNWATCHED = {".git", ".venv", "venv", "__pycache__", ".ipynb_checkpoints", ".pytest_cache",
+             ".ruff_cache", "node_modules", "build", "dist"}
+
+
+@dataclass(frozen=True)
+class TreeChange:
+    """A file of a watched tree that appeared, changed or went during the check."""
+
+    path: Path
+    what: str
+    during: tuple
+
+    def describe(self) -> str:
+        during = sorted(self.during)
+        who = (f"while {', '.join(during)} {'was' if len(during) == 1 else 'were'} being checked"
+               if during else "during the check")
+        return f"{self.path}: {self.what} {who}; left as it is (look at it)"
+
+
+class TreeWatch:
+    """The size and time stamp of every file under some folders (the course checkout, the
+    submissions), looked at again after every run: where learners' kernels run as the
+    checker's own user, what a submission wrote there is reported by path (files a
+    :class:`FileGuard` watches are restored by it, and left out here)."""
+
+    def __init__(self, folders, skip=()):
+        self.folders = [Path(f).resolve() for f in dict.fromkeys(folders) if Path(f).is_dir()]
+        self.skip = {Path(p).resolve() for p in skip}
+        self._lock = threading.Lock()
+        self._state = self._scan()
+
+    #: At most this many files per folder are watched (a home folder given by mistake).
+    LIMIT = 50_000
+
+    def _scan(self) -> dict:
+        state = {}
+        for folder in self.folders:
+            count = 0
+            for root, dirs, files in os.walk(folder):
+                count += len(files)
+                if count > self.LIMIT:
+                    break
+                dirs[:] = [d for d in dirs if d not in UNWATCHED]
+                for name in files:
+                    path = Path(root) / name
+                    if path.suffix == ".pyc" or CHANGED_SUFFIX in str(path):
+                        continue
+                    try:
+                        st = path.lstat()
+                    except OSError:
+                        continue
+                    state[path] = (st.st_size, st.st_mtime_ns)
+        return state
+
+    def look(self, during=(), skip=()) -> list[TreeChange]:
+        """What appeared, changed or went since the last look (less the ``skip`` files)."""
+        skip = {Path(p).resolve() for p in skip} | self.skip
+        with self._lock:
+            now = self._scan()
+            found = []
+            for path in sorted(set(now) | set(self._state)):
+                if path in skip:
+                    continue
+                if path not in self._state:
+                    found.append(TreeChange(path, "written", tuple(during)))
+                elif path not in now:
+                    found.append(TreeChange(path, "deleted", tuple(during)))
+                elif now[path] != self._state[path]:
+                    found.append(TreeChange(path, "changed", tuple(during)))
+            self._state = now
+            return found
 
 
 @dataclass(frozen=True)
@@ -263,6 +355,13 @@ def _base_args(bwrap: str) -> list[str]:
     return args
 
 
+def choose_sandbox(enabled: bool = True) -> tuple[str | None, str]:
+    """:func:`find_sandbox`, unless :data:`SANDBOX_ENV` is ``off`` (read at every call)."""
+    if enabled and os.environ.get(SANDBOX_ENV, "").strip().lower() == "off":
+        return None, f"{SANDBOX_ENV}=off was set"
+    return find_sandbox(enabled)
+
+
 @functools.lru_cache(maxsize=4)
 def find_sandbox(enabled: bool = True) -> tuple[str | None, str]:
     """``(bwrap path, "")`` when each run can be sandboxed, else ``(None, why not)``.
@@ -297,7 +396,7 @@ def _inside(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
 
 
-def _python_paths() -> list[Path]:
+def python_paths() -> list[Path]:
     """What the kernel's Python needs to read: the prefixes and the site-packages folders."""
     paths = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
              os.path.dirname(sys.executable), *site.getsitepackages()]
@@ -335,7 +434,7 @@ def bwrap_command(bwrap: str, folders: RunFolders, hidden=(), disk: int | None =
         if mask == Path("/tmp") and disk:
             args += ["--size", str(int(disk))]
         args += ["--tmpfs", str(mask)]
-    exposed = [p for p in _python_paths() if any(_inside(p, m) for m in masks)]
+    exposed = [p for p in python_paths() if any(_inside(p, m) for m in masks)]
     exposed = sorted(exposed, key=lambda p: len(p.parts))
     exposed = [p for i, p in enumerate(exposed) if not any(_inside(p, o) for o in exposed[:i])]
     for path in exposed:
@@ -353,21 +452,32 @@ def bwrap_command(bwrap: str, folders: RunFolders, hidden=(), disk: int | None =
 
 
 def kernel_spec(folders: RunFolders, bwrap: str | None, hidden=(), limits: Limits | None = None,
-                enforcement: Enforcement | None = None, cgroups=None) -> dict:
+                enforcement: Enforcement | None = None, cgroups=None,
+                account: int | None = None) -> dict:
     """How the nbval plugin starts the kernel (``--mha-kernel``): argv, transport, folders.
 
     In the sandbox the kernel has no network, so it talks to pytest over IPC sockets in ``k/``
     and is interrupted by a message rather than a signal (the signal would reach bwrap).
     ``limits`` are applied as :mod:`~mha_course.grading.limits` says: the kernel joins its
     ``cgroups`` (a :class:`~mha_course.grading.limits.KernelCgroups`) before anything runs, and
-    sets its own rlimits (the environment variable ``MHA_COURSE_LIMITS``).
+    sets its own rlimits (the environment variable ``MHA_COURSE_LIMITS``). ``account``: without
+    the sandbox, the user (and group) id the kernel becomes before any learner code runs
+    (:mod:`mha_course.grading.account`); its home is then its working folder, and the process
+    limit is its own ``RLIMIT_NPROC`` (that user runs nothing else).
     """
     limits = limits or Limits(None, None, None)
     enforcement = enforcement or Enforcement()
     kernel = folders.kernel.resolve()
     inner = [sys.executable, "-m", KERNEL_MODULE, "-f", "{connection_file}"]
     prefix = launcher(cgroups.procs_files() if cgroups is not None else ())
-    env = {ENV: kernel_env(limits, nproc=bwrap is not None and enforcement.nproc_in_sandbox)}
+    own_user = bwrap is None and account is not None
+    env = {ENV: kernel_env(limits, nproc=own_user or (bwrap is not None
+                                                      and enforcement.nproc_in_sandbox))}
+    if own_user:
+        work = str(folders.work.resolve())
+        env.update({DROP_ENV: f"{account}:{account}", "HOME": work, "USER": "mha-kernel",
+                    "LOGNAME": "mha-kernel", "IPYTHONDIR": f"{work}/.ipython",
+                    "MPLCONFIGDIR": f"{work}/.matplotlib", "TMPDIR": work})
     spec = {"cwd": str(folders.work.resolve()), "connection_file": str(kernel / "kernel.json"),
             "env": env, "limits": {"memory": limits.memory, "processes": limits.processes,
                                    "disk": limits.disk},

@@ -245,6 +245,7 @@ class Session:
             with contextlib.suppress(OSError):
                 listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 listener.bind(path)
+                os.chmod(path, 0o666)  # a kernel running as a user of its own may connect
                 listener.listen(1)
         code = SERVE + (f"({path!r})" if listener is not None else "()")
         self.msg_id = self.kc.execute(code, silent=False, store_history=False,
