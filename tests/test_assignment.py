@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mha_course.grading.assignment import (
+from mha_course.grading.authoring.assignment import (
     Assignment,
     assignment_path_for,
     from_dict,
@@ -21,7 +21,7 @@ from mha_course.grading.assignment import (
     parse_points,
     save_assignment,
 )
-from mha_course.grading.catalog import (
+from mha_course.grading.authoring.catalog import (
     ExerciseInfo,
     exercise_of_check,
     exercise_of_function,

@@ -3,13 +3,15 @@
 A notebook's background output (a thread, a subprocess, a carriage-return progress bar, output
 arriving after its cell) must never fail a setup cell, an ungraded cell or another exercise, and
 the same submission graded again must give the same gradebook row, byte for byte. The rule:
-the kernel (:mod:`mha_course.grading.kernel`) sends only a cell's own synchronous output with
+the kernel (:mod:`mha_course.grading.running.kernel`) sends only a cell's own synchronous output
+with
 the cell's parent header; the rest goes under a parent no cell has, so nbval and the grader
 never compare it. A graded cell's own extra lines cost no points when the solution's lines are
 all there (a note says which cell printed them); output that breaks the solution's lines fails.
 
-- pure parts: the attribution rule (:func:`~mha_course.grading.kernel.own_output`), what a cell
-  printed from a recorded list of iopub messages (:func:`~mha_course.grading.session.
+- pure parts: the attribution rule (:func:`~mha_course.grading.running.kernel.own_output`), what a
+cell
+  printed from a recorded list of iopub messages (:func:`~mha_course.grading.running.session.
   cell_output`), the verdicts and the gradebook row;
 - a real kernel started as the checker starts it: which messages carry the cell's header;
 - the real checker, three times, on a correct notebook that leaves a thread, a subprocess or a
@@ -26,20 +28,20 @@ from pathlib import Path
 
 import pytest
 
-from mha_course.grading.assignment import make_assignment
-from mha_course.grading.bundle import build_bundle
-from mha_course.grading.catalog import exercises
-from mha_course.grading.gradebook import grade_row, gradebook_csv
-from mha_course.grading.kernel import BACKGROUND, own_output
-from mha_course.grading.notebooks import CellRole, info, notebook_text
-from mha_course.grading.session import BACKGROUND_ID, cell_output
-from mha_course.grading.verdicts import (
+from mha_course.grading.authoring.assignment import make_assignment
+from mha_course.grading.authoring.bundle import build_bundle
+from mha_course.grading.authoring.catalog import exercises
+from mha_course.grading.authoring.notebooks import CellRole, info, notebook_text
+from mha_course.grading.reporting.gradebook import grade_row, gradebook_csv
+from mha_course.grading.reporting.verdicts import (
     BACKGROUND_NOTE,
     NotebookResult,
     Verdict,
     exercise_verdict,
     judge_run,
 )
+from mha_course.grading.running.kernel import BACKGROUND, own_output
+from mha_course.grading.running.session import BACKGROUND_ID, cell_output
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cli_helpers import run_cli  # noqa: E402
@@ -178,11 +180,11 @@ def test_the_gradebook_row_leaves_out_the_background_note(tmp_path):
 
 @pytest.fixture(scope="module")
 def kernel():
-    """The checker's kernel (``python -m mha_course.grading.kernel``), unsandboxed."""
+    """The checker's kernel (``python -m mha_course.grading.running.kernel``), unsandboxed."""
     from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
     from jupyter_client.manager import KernelManager
 
-    spec = KernelSpec(argv=[sys.executable, "-m", "mha_course.grading.kernel", "-f",
+    spec = KernelSpec(argv=[sys.executable, "-m", "mha_course.grading.running.kernel", "-f",
                             "{connection_file}"], language="python", display_name="checker")
     # without pytest's variable, ipykernel also watches the file descriptors 1 and 2 (what a
     # subprocess writes), as it does under `make check` from a terminal

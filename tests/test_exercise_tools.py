@@ -27,10 +27,8 @@ from cli_helpers import make_class as load_make_class
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
 from jupyter_client.manager import KernelManager
 
-from mha_course.grading import run, sandbox
-from mha_course.grading.bundle import build_bundle
-from mha_course.grading.check import check_notebook
-from mha_course.grading.generate import (
+from mha_course.grading.authoring.bundle import build_bundle
+from mha_course.grading.authoring.generate import (
     exercise_ids,
     find_stale,
     generate,
@@ -38,8 +36,10 @@ from mha_course.grading.generate import (
     load_solutions,
     solution_paths,
 )
-from mha_course.grading.notebooks import ExerciseError, id_key, info, notebook_text
-from mha_course.grading.report import format_result
+from mha_course.grading.authoring.notebooks import ExerciseError, id_key, info, notebook_text
+from mha_course.grading.reporting.report import format_result
+from mha_course.grading.running import run, sandbox
+from mha_course.grading.running.check import check_notebook
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = ROOT / "solutions"

@@ -29,7 +29,7 @@ import nbformat
 import pytest
 from cli_helpers import make_class, run_cli
 
-from mha_course.grading.export_gradescope import ROOT_ENV
+from mha_course.grading.export.to_gradescope import ROOT_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 IDS = ["03.1", "03.2", "03.5"]

@@ -28,7 +28,7 @@ import nbformat
 import pytest
 from cli_helpers import make_class, run_cli
 
-from mha_course.grading.export_nbgrader import NBGRADER_VERSION
+from mha_course.grading.export.to_nbgrader import NBGRADER_VERSION
 
 ROOT = Path(__file__).resolve().parent.parent
 IDS = ["03.1", "03.2", "03.5"]  # ★, ★★, ★★★: 1 + 2 + 3 points

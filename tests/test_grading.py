@@ -30,18 +30,22 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from mha_course.grading.assignment import load_assignment, make_assignment, save_assignment
-from mha_course.grading.bundle import build_bundle
-from mha_course.grading.catalog import exercises
-from mha_course.grading.check import Checker
-from mha_course.grading.feedback import feedback_markdown, scrub
-from mha_course.grading.generate import generate
-from mha_course.grading.gradebook import grade_row, gradebook_csv
-from mha_course.grading.intake import collect, parse_name, read_roster
-from mha_course.grading.merge import classify
-from mha_course.grading.notebooks import ExerciseError, info, notebook_text
-from mha_course.grading.outputs import backup, plan_outputs
-from mha_course.grading.verdicts import NotebookResult, Verdict
+from mha_course.grading.authoring.assignment import (
+    load_assignment,
+    make_assignment,
+    save_assignment,
+)
+from mha_course.grading.authoring.bundle import build_bundle
+from mha_course.grading.authoring.catalog import exercises
+from mha_course.grading.authoring.generate import generate
+from mha_course.grading.authoring.notebooks import ExerciseError, info, notebook_text
+from mha_course.grading.reporting.feedback import feedback_markdown, scrub
+from mha_course.grading.reporting.gradebook import grade_row, gradebook_csv
+from mha_course.grading.reporting.intake import collect, parse_name, read_roster
+from mha_course.grading.reporting.verdicts import NotebookResult, Verdict
+from mha_course.grading.running.check import Checker
+from mha_course.grading.running.merge import classify
+from mha_course.grading.running.outputs import backup, plan_outputs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cli_helpers import CRASH, FIXTURES, GOOD, HANG, WRONG, run_cli  # noqa: E402
@@ -441,7 +445,7 @@ def test_13_8s_draws_run_in_the_kernel_in_one_request_and_are_judged_in_the_grad
 
 def test_only_the_exercises_named_in_in_kernel_keep_their_check_in_the_kernel():
     """11.2's check reads counters its argument objects keep: it stays in the kernel, named."""
-    from mha_course.grading.check import IN_KERNEL
+    from mha_course.grading.running.check import IN_KERNEL
     catalog = exercises(SOLUTIONS)
     assert set(IN_KERNEL) == {"11.2"} and set(IN_KERNEL) <= set(catalog)
     hw = make_assignment(["11.1", "11.2", "03.1"], catalog)

@@ -15,8 +15,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from mha_course.grading.authoring.notebooks import ExerciseError, info
 from mha_course.grading.cli import lesson_notebook, main
-from mha_course.grading.notebooks import ExerciseError, info
 
 ROOT = Path(__file__).resolve().parent.parent
 LESSON = ROOT / "notebooks" / "13_interview_drill.ipynb"

@@ -34,13 +34,13 @@ import nbformat
 import pytest
 from cli_helpers import run_cli_split as run_cli
 
-from mha_course.grading import check as check_module
-from mha_course.grading import limits as lim
-from mha_course.grading import sandbox
+from mha_course.grading.authoring.generate import generate
+from mha_course.grading.authoring.notebooks import info
 from mha_course.grading.cli import main
-from mha_course.grading.generate import generate
-from mha_course.grading.limits import KernelCgroups, Limits, find_enforcement
-from mha_course.grading.notebooks import info
+from mha_course.grading.running import check as check_module
+from mha_course.grading.running import limits as lim
+from mha_course.grading.running import sandbox
+from mha_course.grading.running.limits import KernelCgroups, Limits, find_enforcement
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "data" / "solutions"
@@ -166,7 +166,7 @@ def test_each_limit_has_its_own_words():
 def test_the_kernel_is_told_its_rlimits_and_sets_them_on_itself(tmp_path):
     assert lim.kernel_env(TEST_LIMITS, nproc=False) == f"as={1024**3},fsize={64 * 1024**2}"
     assert lim.kernel_env(TEST_LIMITS, nproc=True).endswith(",nproc=48")
-    code = ("import resource; from mha_course.grading.limits import apply_rlimits; "
+    code = ("import resource; from mha_course.grading.running.limits import apply_rlimits; "
             "apply_rlimits('as=3000000000,fsize=1000'); "
             "print(resource.getrlimit(resource.RLIMIT_AS), resource.getrlimit("
             "resource.RLIMIT_FSIZE))\nwith open('f', 'wb') as f:\n    f.write(b'x' * 2000)")

@@ -1,7 +1,7 @@
 """Answers found where learners put them: the notebook the checker runs, built in milliseconds.
 
 ``merge_learner`` puts a learner's cells into a copy of the reference (see
-``mha_course.grading.merge``); these tests build both notebooks by hand, so no kernel runs.
+``mha_course.grading.running.merge``); these tests build both notebooks by hand, so no kernel runs.
 ``tests/test_exercise_tools.py`` runs the same cases end to end.
 """
 
@@ -12,8 +12,8 @@ import copy
 import nbformat
 import pytest
 
-from mha_course.grading.generate import make_exercise_notebook
-from mha_course.grading.merge import classify, merge_learner
+from mha_course.grading.authoring.generate import make_exercise_notebook
+from mha_course.grading.running.merge import classify, merge_learner
 
 
 def cell(kind, source, cell_id, **meta):

@@ -1,4 +1,5 @@
-"""Every committed notebook is tidy (``mha_course.grading.tidy``) and was run top to bottom.
+"""Every committed notebook is tidy (``mha_course.grading.authoring.tidy``) and was run top to
+bottom.
 
 Tidy: the kernelspec ipykernel installs (so JupyterLab does not rewrite the file on open), no
 per-cell timing metadata, no saved widget state or live-widget output, nbval markers as cell tags
@@ -14,7 +15,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from mha_course.grading.tidy import problems
+from mha_course.grading.authoring.tidy import problems
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted(

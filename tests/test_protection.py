@@ -6,7 +6,7 @@ is graded against an assignment. Its hostile students read the solutions (and ru
 the assignment file, write into the solutions folder and into ``/tmp``:
 
 - as root (Gradescope, Docker, CI), each kernel runs as an unprivileged user of its own
-  (:mod:`mha_course.grading.account`): every attack fails with "Permission denied", earns
+  (:mod:`mha_course.grading.running.account`): every attack fails with "Permission denied", earns
   nothing, and shows in the student's report; what the kernel left in ``/tmp`` is removed and
   reported by path; the solutions' permissions are given back after the command. These tests
   need root and are skipped otherwise, saying so.
@@ -34,8 +34,8 @@ from pathlib import Path
 import pytest
 from cli_helpers import run_cli_split as run_cli
 
-from mha_course.grading import check as check_module
-from mha_course.grading.account import (
+from mha_course.grading.running import check as check_module
+from mha_course.grading.running.account import (
     USER_ENV,
     Accounts,
     Lockdown,
@@ -43,7 +43,7 @@ from mha_course.grading.account import (
     drop_privileges,
     sweep,
 )
-from mha_course.grading.sandbox import SANDBOX_ENV
+from mha_course.grading.running.sandbox import SANDBOX_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "data" / "solutions"
@@ -315,7 +315,7 @@ def becomes(uid: int, tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()
     code = ("import os, sys\n"
-            "from mha_course.grading.account import drop_privileges\n"
+            "from mha_course.grading.running.account import drop_privileges\n"
             "argv = ['-f', sys.argv[1]]\n"
             "drop_privileges(sys.argv[2], argv)\n"
             "print(os.getuid(), os.getgid(), os.getgroups(), open(argv[1]).read())\n"
@@ -333,8 +333,8 @@ def test_gradescope_without_the_sandbox_hands_no_solutions_to_the_kernel(python_
 
 
 def gradescope_attack(tmp: Path) -> None:
-    from mha_course.grading.assignment import assignment_text, load_assignment
-    from mha_course.grading.export_gradescope import run_autograder
+    from mha_course.grading.authoring.assignment import assignment_text, load_assignment
+    from mha_course.grading.export.to_gradescope import run_autograder
 
     (tmp / "class").mkdir()
     cls = hostile_class(tmp / "class")

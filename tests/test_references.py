@@ -20,14 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from mha_course.grading.generate import (
+from mha_course.grading.authoring.generate import (
     BEGIN,
     END,
     REFERENCES,
     render_references,
     stale_references,
 )
-from mha_course.grading.notebooks import info
+from mha_course.grading.authoring.notebooks import info
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = ROOT / "solutions"

@@ -34,11 +34,11 @@ import psutil
 import pytest
 from cli_helpers import run_cli_split as run_cli
 
-from mha_course.grading import check as check_module
-from mha_course.grading import sandbox
-from mha_course.grading.check import Checker
-from mha_course.grading.run import RUN_MARK, stop_run
-from mha_course.grading.sandbox import Library, RunFolders, bwrap_command, kernel_spec
+from mha_course.grading.running import check as check_module
+from mha_course.grading.running import sandbox
+from mha_course.grading.running.check import Checker
+from mha_course.grading.running.run import RUN_MARK, stop_run
+from mha_course.grading.running.sandbox import Library, RunFolders, bwrap_command, kernel_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 EXERCISE_03 = ROOT / "exercises" / "03_single_head_attention.ipynb"
@@ -107,10 +107,11 @@ def test_the_python_installation_is_bound_back_when_a_hidden_folder_holds_it(tmp
 def test_the_kernel_spec_talks_ipc_and_is_interrupted_by_message_only_in_the_sandbox(tmp_path):
     folders = RunFolders(tmp_path).make()
     plain = kernel_spec(folders, None)
-    assert plain["argv"][1:4] == ["-m", "mha_course.grading.kernel", "-f"]
+    assert plain["argv"][1:4] == ["-m", "mha_course.grading.running.kernel", "-f"]
     assert (plain["transport"], plain["interrupt_mode"]) == ("tcp", "signal")
     boxed = kernel_spec(folders, "/usr/bin/bwrap")
-    assert boxed["argv"][0] == "/usr/bin/bwrap" and boxed["argv"][-3] == "mha_course.grading.kernel"
+    assert boxed["argv"][0] == "/usr/bin/bwrap"
+    assert boxed["argv"][-3] == "mha_course.grading.running.kernel"
     assert (boxed["transport"], boxed["interrupt_mode"]) == ("ipc", "message")
     assert boxed["cwd"] == str(folders.work.resolve())
 
@@ -432,7 +433,7 @@ HUNG = "def double(x):\n    while True:\n        pass"
 
 
 def hung_notebook(tmp_path) -> Path:
-    from mha_course.grading.generate import generate
+    from mha_course.grading.authoring.generate import generate
 
     exercises = tmp_path / "exercises"
     generate(ROOT / "tests" / "data" / "solutions", exercises)
@@ -461,7 +462,7 @@ def spins(proc: psutil.Process) -> bool:
     """Whether ``proc`` is the kernel (not bwrap or the launcher) and has spun for 1 s."""
     try:
         cmd = proc.cmdline()
-        return (cmd[:3] == [sys.executable, "-m", "mha_course.grading.kernel"]
+        return (cmd[:3] == [sys.executable, "-m", "mha_course.grading.running.kernel"]
                 and proc.cpu_times().user > 1.0)
     except (psutil.Error, OSError, IndexError):
         return False

@@ -10,8 +10,7 @@ import nbformat
 import pytest
 from nbval.plugin import get_sanitize_patterns
 
-from mha_course.grading.cli import main
-from mha_course.grading.tidy import (
+from mha_course.grading.authoring.tidy import (
     KERNELSPEC,
     PATH_REWRITES,
     WIDGET_VIEW,
@@ -19,6 +18,7 @@ from mha_course.grading.tidy import (
     problems,
     tidy,
 )
+from mha_course.grading.cli import main
 
 
 def messy_notebook():

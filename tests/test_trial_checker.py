@@ -27,13 +27,13 @@ import nbformat
 import pytest
 from cli_helpers import run_cli_split as run_cli
 
-from mha_course.grading import check as check_module
-from mha_course.grading.assignment import load_assignment
-from mha_course.grading.bundle import build_bundle
-from mha_course.grading.check import NOT_IN_WRONG_NOTEBOOK, tampering, wrong_notebook
-from mha_course.grading.generate import generate, load_solutions
-from mha_course.grading.intake import collect, read_roster
-from mha_course.grading.notebooks import info
+from mha_course.grading.authoring.assignment import load_assignment
+from mha_course.grading.authoring.bundle import build_bundle
+from mha_course.grading.authoring.generate import generate, load_solutions
+from mha_course.grading.authoring.notebooks import info
+from mha_course.grading.reporting.intake import collect, read_roster
+from mha_course.grading.running import check as check_module
+from mha_course.grading.running.check import NOT_IN_WRONG_NOTEBOOK, tampering, wrong_notebook
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "data" / "solutions"

@@ -29,19 +29,19 @@ import pytest
 from cli_helpers import run_cli
 from traitlets.config import Config
 
-from mha_course.grading.assignment import Assignment, assignment_text, make_assignment
-from mha_course.grading.catalog import exercises
-from mha_course.grading.export_gradescope import SETUP_SH, run_autograder
-from mha_course.grading.export_nbgrader import (
+from mha_course.grading.authoring.assignment import Assignment, assignment_text, make_assignment
+from mha_course.grading.authoring.catalog import exercises
+from mha_course.grading.authoring.notebooks import CellRole, course_root
+from mha_course.grading.export.to_gradescope import SETUP_SH, run_autograder
+from mha_course.grading.export.to_nbgrader import (
     NBGRADER_VERSION,
     config_text,
     nbgrader_due,
     readme_text,
 )
-from mha_course.grading.feedback import FOOTER, feedback_markdown, scrub
-from mha_course.grading.gradebook import grade_row
-from mha_course.grading.notebooks import CellRole, course_root
-from mha_course.grading.verdicts import NotebookResult, Verdict, failure_message
+from mha_course.grading.reporting.feedback import FOOTER, feedback_markdown, scrub
+from mha_course.grading.reporting.gradebook import grade_row
+from mha_course.grading.reporting.verdicts import NotebookResult, Verdict, failure_message
 
 ROOT = Path(__file__).resolve().parent.parent
 IDS = ["03.1", "03.2"]
@@ -171,7 +171,7 @@ def test_a_traceback_through_the_graders_venv_and_checkout_names_none_of_its_fol
     message = failure_message("03.1", record, CellRole("03.1", "solution", "your solution cell"))
     assert "~/trial/course/.venv/lib/python3.12/site-packages/numpy" in message  # as the trial
     message += (f"\n  File {home}/teaching/course/mha_course/checks/attention.py:40"
-                f"\n  File {checkout}/mha_course/grading/run.py:12"
+                f"\n  File {checkout}/mha_course/grading/running/run.py:12"
                 f"\n  File {home}/course/.venv/lib/python3.11/site-packages/nbval/plugin.py:9"
                 "\n  File /usr/lib/python3.11/json/decoder.py:337"
                 f"\n  File {home}/.pyenv/versions/3.11.9/lib/python3.11/ast.py:50"
@@ -189,7 +189,7 @@ def test_a_traceback_through_the_graders_venv_and_checkout_names_none_of_its_fol
                  "private/", "/usr/lib"):
         assert leak not in text, leak
     for neutral in ("<site-packages>/numpy/_core/fromnumeric.py:57",
-                    "mha_course/checks/attention.py:40", "mha_course/grading/run.py:12",
+                    "mha_course/checks/attention.py:40", "mha_course/grading/running/run.py:12",
                     "<site-packages>/nbval/plugin.py:9", "<python>/json/decoder.py:337",
                     "<python>/ast.py:50", "see notes.txt and 42.py"):
         assert neutral in text, neutral

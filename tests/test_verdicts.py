@@ -1,6 +1,7 @@
 """The checker's decisions, on fake per-cell records: each verdict and its message in milliseconds.
 
-A record is what the nbval plugin writes for one code cell (see ``mha_course.grading.verdicts``);
+A record is what the nbval plugin writes for one code cell (see
+``mha_course.grading.reporting.verdicts``);
 these tests build them by hand, so no kernel runs here. ``tests/test_exercise_tools.py`` runs
 the same decisions end to end.
 """
@@ -11,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from mha_course.grading.notebooks import CellRole, ExerciseError, read_notebook, sort_ids
-from mha_course.grading.report import (
+from mha_course.grading.authoring.notebooks import CellRole, ExerciseError, read_notebook, sort_ids
+from mha_course.grading.reporting.report import (
     Row,
     collect_submissions,
     combine,
@@ -21,7 +22,7 @@ from mha_course.grading.report import (
     legend,
     summary_table,
 )
-from mha_course.grading.verdicts import (
+from mha_course.grading.reporting.verdicts import (
     DEAD_ON_START,
     KERNEL_DIED,
     STATUS_MEANING,

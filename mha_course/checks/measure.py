@@ -4,7 +4,7 @@ Not taught in a lesson: part of the exercise checks' machinery (see
 :mod:`mha_course.checks.harness`, which imports these).
 
 - :func:`check_rng` is the generator every check draws its inputs from. The grader of
-  ``python -m mha_course check --assignment`` (:mod:`mha_course.grading.grader`) can set a
+  ``python -m mha_course check --assignment`` (:mod:`mha_course.grading.running.grader`) can set a
   probe seed (``PROBE["seed"]``): each check then runs a second time on inputs drawn from
   ``(its seed, the probe seed)``, the same kinds of inputs with values the learners' local
   checks never used. A seed a check passes to the learner's function (dropout's) is not a
@@ -22,7 +22,8 @@ import tracemalloc
 import numpy as np
 
 #: Set by the grader (``check --assignment`` with a probe seed, see
-#: :mod:`mha_course.grading.grader`): every check then draws its inputs from other seeds than
+#: :mod:`mha_course.grading.running.grader`): every check then draws its inputs from other seeds
+#: than
 #: the learners' local checks use (:func:`check_rng`).
 PROBE = {"seed": None}
 

@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 
-from .assignment import (
+from .authoring.assignment import (
     assignment_path_for,
     load_assignment,
     make_assignment,
@@ -47,19 +47,10 @@ from .assignment import (
     parse_due,
     save_assignment,
 )
-from .bundle import assign
-from .catalog import exercises, parse_ids
-from .check import Checker, keep_folder
-from .export import choose
-from .export_gradescope import export_gradescope
-from .export_nbgrader import export_nbgrader
-from .feedback import write_feedback
-from .generate import REFERENCES, default_solutions, find_stale, generate
-from .grade import check_class
-from .gradebook import gradebook_csv, gradebook_table, write_text
-from .intake import read_roster
-from .limits import DEFAULT_DISK, DEFAULT_MEMORY, DEFAULT_PROCESSES, Limits, parse_size, size_text
-from .notebooks import (
+from .authoring.bundle import assign
+from .authoring.catalog import exercises, parse_ids
+from .authoring.generate import REFERENCES, default_solutions, find_stale, generate
+from .authoring.notebooks import (
     MOVED_LESSONS,
     ExerciseError,
     course_root,
@@ -68,10 +59,26 @@ from .notebooks import (
     read_notebook,
     sort_ids,
 )
-from .outputs import backup, free_name, plan_outputs
-from .report import combine, csv_text, format_result, summary_table
-from .run import DEFAULT_TIMEOUT, stop_on_signals
-from .tidy import problems, tidy
+from .authoring.tidy import problems, tidy
+from .export.common import choose
+from .export.to_gradescope import export_gradescope
+from .export.to_nbgrader import export_nbgrader
+from .reporting.feedback import write_feedback
+from .reporting.grade import check_class
+from .reporting.gradebook import gradebook_csv, gradebook_table, write_text
+from .reporting.intake import read_roster
+from .reporting.report import combine, csv_text, format_result, summary_table
+from .running.check import Checker, keep_folder
+from .running.limits import (
+    DEFAULT_DISK,
+    DEFAULT_MEMORY,
+    DEFAULT_PROCESSES,
+    Limits,
+    parse_size,
+    size_text,
+)
+from .running.outputs import backup, free_name, plan_outputs
+from .running.run import DEFAULT_TIMEOUT, stop_on_signals
 
 
 def _parser() -> argparse.ArgumentParser:

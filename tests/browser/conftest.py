@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from mha_course.grading.run import descendants  # the kernel-process walker of the checker
+from mha_course.grading.running.run import descendants  # the kernel-process walker of the checker
 
 from .labdriver import (
     cell_report,

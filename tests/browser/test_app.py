@@ -43,7 +43,7 @@ import nbformat
 import pytest
 
 from mha_course import param_count
-from mha_course.grading.run import descendants
+from mha_course.grading.running.run import descendants
 from mha_course.models.trained_models import held_out, load_models
 from mha_course.widgets.app import SECTIONS, START, head_view_inputs, start_summaries, tab_title
 from mha_course.widgets.cache_memory import draw_cache_memory, preset

@@ -9,7 +9,7 @@ kernel, and each nbval run gets its own temporary folder (:class:`RunFolders`):
 - ``lib/``: a private copy of the ``mha_course`` package, written from the snapshot the checker
   took when it started (:class:`Library`); both pytest and the kernel import the course from
   here (``PYTHONPATH``), and the kernel imports the checks before any learner code runs
-  (:mod:`mha_course.grading.kernel`). A file a submission changes on disk is never read by
+  (:mod:`mha_course.grading.running.kernel`). A file a submission changes on disk is never read by
   another submission's run.
 - ``work/``: the kernel's working folder without the sandbox. In the sandbox the kernel works
   in ``/tmp/work`` instead, inside its private ``/tmp``: one ``tmpfs`` of the disk limit's size.
@@ -22,7 +22,7 @@ by empty ones, no network, its own process, IPC and cgroup namespaces, no capabi
 sandbox dies with the process that started it. The probe that decides whether bubblewrap works
 runs the same command as a real run (the Python installation bound back where a hidden folder or
 ``/tmp`` holds it), so a checkout under ``/tmp`` is sandboxed too. What the kernel may use
-(memory, processes, disk) is in :mod:`mha_course.grading.limits`.
+(memory, processes, disk) is in :mod:`mha_course.grading.running.limits`.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from .account import DROP_ENV
 from .limits import ENV, Enforcement, Limits, kernel_env, launcher
 
 #: The module the kernel is started with (it imports the checks, then starts ipykernel).
-KERNEL_MODULE = "mha_course.grading.kernel"
+KERNEL_MODULE = "mha_course.grading.running.kernel"
 #: Where the kernel works inside the sandbox: in its private /tmp (one tmpfs, the disk limit).
 SANDBOX_WORK = "/tmp/work"
 #: Shown once per command when learners' code runs without a sandbox (completed by the reason).
@@ -72,7 +72,7 @@ class Library:
     @classmethod
     def snapshot(cls, package_dir: str | Path | None = None) -> Library:
         """Read the package (default: the one this module belongs to) and compile it."""
-        package_dir = Path(package_dir or Path(__file__).resolve().parents[1])
+        package_dir = Path(package_dir or Path(__file__).resolve().parents[2])
         files = {}
         with tempfile.TemporaryDirectory(prefix="mha-course-pyc-") as tmp:
             for path in sorted(package_dir.rglob("*")):
@@ -378,7 +378,7 @@ def find_sandbox(enabled: bool = True) -> tuple[str | None, str]:
                       "apt-get install bubblewrap")
     with tempfile.TemporaryDirectory(prefix="mha-course-probe-") as tmp:
         folders = RunFolders(Path(tmp)).make()
-        checkout = Path(__file__).resolve().parents[2]
+        checkout = Path(__file__).resolve().parents[3]
         command = bwrap_command(bwrap, folders, hidden=(checkout,), disk=16 * 1024**2)
         try:
             probe = subprocess.run(command + [sys.executable, "-c", "pass"],
@@ -458,11 +458,13 @@ def kernel_spec(folders: RunFolders, bwrap: str | None, hidden=(), limits: Limit
 
     In the sandbox the kernel has no network, so it talks to pytest over IPC sockets in ``k/``
     and is interrupted by a message rather than a signal (the signal would reach bwrap).
-    ``limits`` are applied as :mod:`~mha_course.grading.limits` says: the kernel joins its
-    ``cgroups`` (a :class:`~mha_course.grading.limits.KernelCgroups`) before anything runs, and
+    ``limits`` are applied as :mod:`~mha_course.grading.running.limits` says: the kernel joins its
+    ``cgroups`` (a :class:`~mha_course.grading.running.limits.KernelCgroups`) before anything runs,
+    and
     sets its own rlimits (the environment variable ``MHA_COURSE_LIMITS``). ``account``: without
     the sandbox, the user (and group) id the kernel becomes before any learner code runs
-    (:mod:`mha_course.grading.account`); its home is then its working folder, and the process
+    (:mod:`mha_course.grading.running.account`); its home is then its working folder, and the
+    process
     limit is its own ``RLIMIT_NPROC`` (that user runs nothing else).
     """
     limits = limits or Limits(None, None, None)

@@ -8,7 +8,7 @@ what ``python -m mha_course check`` checks a learner's notebook against where th
 ``solutions/`` folder (a learner who installed only the wheel).
 :func:`find_stale` is what ``python -m mha_course generate --verify`` (and the staleness test)
 compare against. Every solution notebook is first validated against the format contract (see
-:mod:`mha_course.grading.notebooks`), so a malformed one stops with one clear line.
+:mod:`mha_course.grading.authoring.notebooks`), so a malformed one stops with one clear line.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from .notebooks import (
 
 #: Where the references learners check against ship: ``mha_course/grading/references/``,
 #: written by ``python -m mha_course generate`` from ``solutions/`` (never edited by hand).
-REFERENCES = Path(__file__).resolve().parent / "references"
+REFERENCES = Path(__file__).resolve().parents[1] / "references"
 #: nbval's sanitize file, shipped beside the references (a wheel has no ``tests/``).
 SANITIZE = "nbval_sanitize.cfg"
 

@@ -1,7 +1,8 @@
 """The course's exercises as data: id, lesson, title, stars, default points, checks, functions.
 
 Not taught in a lesson: the grading tools read it (``assign --list``, the assignment file of
-:mod:`mha_course.grading.assignment`, the gradebook, the nbgrader and Gradescope exports). It
+:mod:`mha_course.grading.authoring.assignment`, the gradebook, the nbgrader and Gradescope
+exports). It
 is read from ``solutions/`` (the single source of the exercises), never kept in a second list.
 
 Public API:

@@ -45,7 +45,7 @@ class CellRole:
 
 def course_root() -> Path:
     """Return the folder holding ``solutions/``: the current folder, else the package's parent."""
-    for candidate in (Path.cwd(), Path(__file__).resolve().parents[2]):
+    for candidate in (Path.cwd(), Path(__file__).resolve().parents[3]):
         if (candidate / "solutions").is_dir():
             return candidate
     return Path.cwd()

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from .assignment import Assignment, number
+from ..authoring.assignment import Assignment, number
 from .report import RANK
 from .verdicts import BACKGROUND_NOTE, STATUS_SHORT, NotebookResult, Verdict
 

@@ -34,7 +34,7 @@ Public API:
   points}``), ``title``, ``due``, ``notebook``, ``probe_seed``; ``max_points``,
   ``due_datetime()``, ``to_dict()``;
 - :func:`make_assignment` ``(ids, catalog, points=None, title="", due=None, ...)``: from ids
-  as typed (``"3.1, 4.5"``) and the :func:`~mha_course.grading.catalog.exercises` catalog;
+  as typed (``"3.1, 4.5"``) and the :func:`~mha_course.grading.authoring.catalog.exercises` catalog;
 - :func:`parse_points` ``("03.1=2,4.5=4") -> {"03.1": 2, "04.5": 4}``; :func:`parse_due`;
 - :func:`load_assignment` ``(path)``: the JSON file, or the assignment notebook ``assign``
   wrote (it carries the same data in its metadata); :func:`save_assignment` ``(assignment,
@@ -165,7 +165,7 @@ def make_assignment(ids, catalog: dict, points=None, title: str = "", due=None,
                     notebook: str | None = None, probe_seed: int | None = None) -> Assignment:
     """An assignment of ``ids`` (as typed: ``"3.1, 4.5"``, a list, lessons), points by stars.
 
-    ``catalog`` is what :func:`mha_course.grading.catalog.exercises` returned; ``points``
+    ``catalog`` is what :func:`mha_course.grading.authoring.catalog.exercises` returned; ``points``
     overrides the default points (``{id: points}`` or the text of :func:`parse_points`).
 
     Raises

@@ -20,7 +20,8 @@ container; the layout and results format are Gradescope's "Autograder Specificat
 ``results.json`` holds one test per exercise (its name with stars and title, ``score`` and
 ``max_score`` from the assignment's points, ``status``, and the checker's own words as
 ``output``), the total ``score``, and as the top-level ``output`` the student's feedback in
-Markdown (:mod:`mha_course.grading.feedback`). A crash, a hang or a missing exercise loses only
+Markdown (:mod:`mha_course.grading.reporting.feedback`). A crash, a hang or a missing exercise
+loses only
 that exercise; a submission without a notebook, or with one that cannot be read, scores 0 with
 the reason. Both scripts honour ``MHA_COURSE_AUTOGRADER_ROOT`` (default ``/autograder``), so
 the tests run them for real on a folder laid out like Gradescope's.
@@ -36,20 +37,21 @@ import time
 import zipfile
 from pathlib import Path
 
-from .assignment import Assignment, assignment_text, load_assignment, number
-from .bundle import build_bundle
-from .catalog import exercises
-from .check import Checker
-from .export import assignment_name, build_wheel, checker_requirements, refuse_to_overwrite
-from .feedback import SAID, feedback_markdown, scrub
-from .generate import load_solutions
-from .gradebook import grade_row
-from .notebooks import ExerciseError, course_root, lesson_of, notebook_text
-from .run import DEFAULT_TIMEOUT
-from .verdicts import cap_line
+from ..authoring.assignment import Assignment, assignment_text, load_assignment, number
+from ..authoring.bundle import build_bundle
+from ..authoring.catalog import exercises
+from ..authoring.generate import load_solutions
+from ..authoring.notebooks import ExerciseError, course_root, lesson_of, notebook_text
+from ..reporting.feedback import SAID, feedback_markdown, scrub
+from ..reporting.gradebook import grade_row
+from ..reporting.verdicts import cap_line
+from ..running.check import Checker
+from ..running.run import DEFAULT_TIMEOUT
+from .common import assignment_name, build_wheel, checker_requirements, refuse_to_overwrite
 
 ROOT_ENV = "MHA_COURSE_AUTOGRADER_ROOT"
-#: The note :func:`~mha_course.grading.gradebook.grade_row` adds to a row without notebooks.
+#: The note :func:`~mha_course.grading.reporting.gradebook.grade_row` adds to a row without
+#: notebooks.
 EMPTY_NOTE = "no notebooks in this submission"
 #: Longest ``output`` of one test (Gradescope collapses it; a 5 MB print must not travel).
 OUTPUT_CAP = 4000
@@ -74,7 +76,7 @@ fi
 # mha-course ... requires jupyterlab", which is harmless but alarming.
 "$AG/venv/bin/python" -m pip install -q -r "$AG/source/requirements.txt"
 "$AG/venv/bin/python" -m pip install -q --no-deps "$AG"/source/wheels/*.whl
-"$AG/venv/bin/python" -c "import mha_course.grading.export_gradescope"
+"$AG/venv/bin/python" -c "import mha_course.grading.export.to_gradescope"
 """
 
 RUN_AUTOGRADER = f"""\
@@ -83,7 +85,7 @@ RUN_AUTOGRADER = f"""\
 # grades the submitted notebook and writes /autograder/results/results.json.
 AG="${{{ROOT_ENV}:-/autograder}}"
 cd "$AG" || exit 1
-exec "$AG/venv/bin/python" -m mha_course.grading.export_gradescope "$AG"
+exec "$AG/venv/bin/python" -m mha_course.grading.export.to_gradescope "$AG"
 """
 
 
@@ -198,7 +200,7 @@ def run_autograder(root: str | Path) -> dict:
     In the sandbox the kernel cannot see ``root``; without it (Gradescope runs this as root)
     each kernel runs as an unprivileged user of its own, and ``source/`` (the solutions, the
     assignment), the submission and the results are unreadable to it for the run
-    (:mod:`mha_course.grading.account`); the log says which held.
+    (:mod:`mha_course.grading.running.account`); the log says which held.
     """
     start = time.monotonic()
     root = Path(root)

@@ -2,7 +2,7 @@
 
 Not taught in a lesson: ``python -m mha_course check SUBMISSIONS --assignment A --feedback DIR``
 writes one file per student (:func:`write_feedback`) from their
-:class:`~mha_course.grading.gradebook.GradeRow`: the score, a table of the exercises with
+:class:`~mha_course.grading.reporting.gradebook.GradeRow`: the score, a table of the exercises with
 their points, and for each exercise that did not pass the checker's own words (what is wrong
 and the likely mistake), as the student's local check says it. Nothing in a file names a path
 of the instructor's machine (:func:`scrub`): the course's own files read ``mha_course/...``,
@@ -18,7 +18,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from .assignment import Assignment, number
+from ..authoring.assignment import Assignment, number
 from .gradebook import GradeRow
 
 #: Statuses as the feedback says them.
@@ -46,7 +46,7 @@ _HOME_PATH = re.compile(rf"(?<![\w.<>])~/(?:{_PART}/)*")
 #: The folders of a path in a temporary folder.
 _TEMP_PATH = re.compile(rf"(?<![\w.])/(?:tmp|var|private)/(?:{_PART}/)*")
 #: The course checkout this module belongs to (in a wheel: the site-packages folder).
-_COURSE_ROOT = Path(__file__).resolve().parents[2]
+_COURSE_ROOT = Path(__file__).resolve().parents[3]
 
 
 def scrub(text: str, roots=()) -> str:

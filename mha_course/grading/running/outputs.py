@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .notebooks import ExerciseError
+from ..authoring.notebooks import ExerciseError
 
 
 @dataclass

@@ -24,7 +24,8 @@ def build_bundle(ids, solutions, stub: bool = True, assignment=None):
     With ``stub=True`` it is the assignment handed out (stubs, no outputs); with ``stub=False``
     it is the reference the checker runs (solutions and their outputs). Both have the same cells,
     ids and metadata, so the checker maps one onto the other. ``assignment`` (an
-    :class:`~mha_course.grading.assignment.Assignment`) adds its title, due date and points to
+    :class:`~mha_course.grading.authoring.assignment.Assignment`) adds its title, due date and
+    points to
     the first cell and its data to the notebook's metadata (``check --assignment`` accepts the
     notebook for the file).
     """

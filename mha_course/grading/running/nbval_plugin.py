@@ -1,6 +1,6 @@
-"""The pytest plugin of the checker's nbval run (``-p mha_course.grading.nbval_plugin``).
+"""The pytest plugin of the checker's nbval run (``-p mha_course.grading.running.nbval_plugin``).
 
-Loaded by :func:`mha_course.grading.run.run_nbval_once` next to ``-p nbval.plugin``. It
+Loaded by :func:`mha_course.grading.running.run.run_nbval_once` next to ``-p nbval.plugin``. It
 
 - with ``--mha-report-fd N`` (a pipe the checker opened) or ``--mha-report PATH``, records for
   every notebook cell nbval runs whether it passed, nbval's message, the error the kernel
@@ -12,7 +12,8 @@ Loaded by :func:`mha_course.grading.run.run_nbval_once` next to ``-p nbval.plugi
 - makes nbval notice a dead kernel within a second, instead of waiting for the cell timeout:
   the cell then fails with a message containing ``MHA_COURSE_KERNEL_DIED``;
 - adds ``"limit"`` to the record of a cell during which the kernel reached one of its limits
-  (memory, processes, disk: :mod:`mha_course.grading.limits`), in the report's words: from the
+  (memory, processes, disk: :mod:`mha_course.grading.running.limits`), in the report's words: from
+  the
   kernel's cgroups' event counters where it has cgroups, else from the error the cell raised
   (``MemoryError``, ``[Errno 11]`` from a fork, ``[Errno 28]`` from a write).
 
@@ -33,9 +34,9 @@ from queue import Empty
 
 import pytest
 
+from ..reporting.verdicts import KERNEL_DIED, cap_line
 from .limits import Limits, cgroup_events, limit_message, memory_words, process_words
 from .session import BACKGROUND_ID
-from .verdicts import KERNEL_DIED, cap_line
 
 try:
     import nbval.kernel as nbval_kernel
@@ -176,7 +177,8 @@ def watch_for_a_dead_kernel() -> None:
     RunningKernel.await_reply = await_reply
 
 
-#: Whether output sent under :data:`~mha_course.grading.session.BACKGROUND_ID` (a thread's, a
+#: Whether output sent under :data:`~mha_course.grading.running.session.BACKGROUND_ID` (a thread's,
+#: a
 #: subprocess's: see ``kernel.py``) arrived since the last cell's record was written.
 BACKGROUND_SEEN = False
 

@@ -1,16 +1,19 @@
 """The kernel a learner's notebook runs in: the course's checks loaded first, then ipykernel.
 
-Not taught in a lesson: the checker starts ``python -m mha_course.grading.kernel -f FILE`` (see
-:func:`mha_course.grading.sandbox.kernel_spec`) with ``PYTHONPATH`` pointing at the run's
+Not taught in a lesson: the checker starts ``python -m mha_course.grading.running.kernel -f FILE``
+(see
+:func:`mha_course.grading.running.sandbox.kernel_spec`) with ``PYTHONPATH`` pointing at the run's
 private copy of the package. Importing :mod:`mha_course.checks` here, before the kernel executes
 any cell, means that a learner's file named ``mha_course/...`` or ``numpy.py`` in the working
 folder cannot replace the checks: the modules are already loaded. Nothing is added to the
 notebook's namespace.
 
 Before that, without a sandbox and as root, the kernel becomes the unprivileged user the checker
-chose for it (:func:`mha_course.grading.account.drop_privileges`); then it sets on itself the
+chose for it (:func:`mha_course.grading.running.account.drop_privileges`); then it sets on itself
+the
 rlimits the checker asks for in ``MHA_COURSE_LIMITS`` (memory, file size and, inside the
-sandbox's user namespace or as its own user, processes: see :mod:`mha_course.grading.limits`);
+sandbox's user namespace or as its own user, processes: see
+:mod:`mha_course.grading.running.limits`);
 no learner code has run yet, and without privileges (which the sandbox drops) a limit cannot be
 raised again.
 
@@ -20,7 +23,7 @@ running *now*, whoever wrote it: a thread the learner left running, a subprocess
 kernel's file descriptors (ipykernel's pipe watcher, a thread of its own), an asyncio callback of
 an earlier cell. That text then lands in whichever cell happened to be running, by timing. Here
 such output is sent with the parent header :data:`BACKGROUND` instead, which no cell has: nbval
-and the grader (:meth:`mha_course.grading.session.Session.finish`) never compare it with
+and the grader (:meth:`mha_course.grading.running.session.Session.finish`) never compare it with
 anything, so the same notebook gets the same verdicts on every run.
 """
 
@@ -30,8 +33,8 @@ import os
 import sys
 import threading
 
-from mha_course.grading.account import DROP_ENV, drop_privileges
-from mha_course.grading.limits import ENV, apply_rlimits
+from mha_course.grading.running.account import DROP_ENV, drop_privileges
+from mha_course.grading.running.limits import ENV, apply_rlimits
 
 drop_privileges(os.environ.pop(DROP_ENV, None), sys.argv)
 apply_rlimits(os.environ.pop(ENV, None))

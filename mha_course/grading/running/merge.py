@@ -26,10 +26,10 @@ from pathlib import Path
 
 import nbformat
 
-from .bundle import build_bundle
-from .catalog import called_checks, exercise_of_check, exercise_of_function
-from .generate import load_solutions, stub_source
-from .notebooks import (
+from ..authoring.bundle import build_bundle
+from ..authoring.catalog import called_checks, exercise_of_check, exercise_of_function
+from ..authoring.generate import load_solutions, stub_source
+from ..authoring.notebooks import (
     ID_RE,
     LESSON_RE,
     MOVED_LESSONS,

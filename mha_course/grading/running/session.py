@@ -1,8 +1,10 @@
 """The grader's conversation with the learner's kernel: proxies, values, callbacks, timeouts.
 
-Not taught in a lesson: grading mode's channel (see :mod:`mha_course.grading.grader`, which
-runs the checks, and :mod:`mha_course.grading.remote`, the kernel's side). A :class:`Session`
-lasts one check cell: it starts :func:`~mha_course.grading.remote.serve` in the kernel, accepts
+Not taught in a lesson: grading mode's channel (see :mod:`mha_course.grading.running.grader`, which
+runs the checks, and :mod:`mha_course.grading.running.remote`, the kernel's side). A
+:class:`Session`
+lasts one check cell: it starts :func:`~mha_course.grading.running.remote.serve` in the kernel,
+accepts
 its connection on a Unix socket in the run's kernel folder (or uses the kernel's stdin channel),
 and then
 
@@ -42,7 +44,7 @@ from .remote import BUILTIN_ERRORS, TEXT_LIMIT, from_npy, generators, recv_frame
 
 #: How long an interrupted cell may take to answer before its kernel is stopped (nbval's).
 INTERRUPT_GRACE = 5.0
-SERVE = "import mha_course.grading.remote as _mha_course_remote\n_mha_course_remote.serve"
+SERVE = "import mha_course.grading.running.remote as _mha_course_remote\n_mha_course_remote.serve"
 _NUMPY_ERRORS = {"LinAlgError": np.linalg.LinAlgError,
                  "AxisError": getattr(getattr(np, "exceptions", np), "AxisError", ValueError)}
 
@@ -173,7 +175,8 @@ def _importable(fn) -> bool:
 
 
 class Session:
-    """One check cell's conversation with :func:`~mha_course.grading.remote.serve` in the kernel.
+    """One check cell's conversation with :func:`~mha_course.grading.running.remote.serve` in the
+    kernel.
 
     ``kernel`` is nbval's ``RunningKernel``; every wait ends at ``deadline`` (then the kernel
     is interrupted, see :class:`RemoteTimeout`) or when the kernel dies (:class:`KernelLost`).
@@ -231,7 +234,7 @@ class Session:
     # ------------------------------------------------------------------------- the channel
 
     def start(self) -> None:
-        """Start :func:`~mha_course.grading.remote.serve` in the kernel and connect to it.
+        """Start :func:`~mha_course.grading.running.remote.serve` in the kernel and connect to it.
 
         The grader listens on a Unix socket in the run's kernel folder (which the sandbox
         shares with the kernel): one connection, accepted once, for this cell only. Where that
@@ -492,7 +495,8 @@ class Session:
 
 
 #: The parent ``msg_id`` of output the kernel could not attribute to the running cell
-#: (:data:`mha_course.grading.kernel.BACKGROUND`; repeated here so the grader's side does not
+#: (:data:`mha_course.grading.running.kernel.BACKGROUND`; repeated here so the grader's side does
+#: not
 #: import the kernel's module).
 BACKGROUND_ID = "mha-course-background"
 
@@ -502,7 +506,8 @@ def cell_output(messages, msg_id: str) -> tuple[str, bool]:
     order they arrived; and whether background output was among them.
 
     The rule (the same nbval applies to a cell, with the kernel's attribution of
-    :mod:`mha_course.grading.kernel`): the cell's stream text, with its parent header, up to its
+    :mod:`mha_course.grading.running.kernel`): the cell's stream text, with its parent header, up
+    to its
     ``idle`` status. Output with another parent (an earlier cell's late output, or
     :data:`BACKGROUND_ID`: a thread's, a subprocess's) and anything after ``idle`` is not the
     cell's, whatever its timing.

@@ -12,7 +12,8 @@ permissions:
   get different ids), no supplementary groups, ``no_new_privs`` (a set-uid program gives it
   nothing) and no capabilities (Linux clears them all when every uid of a root process becomes
   non-zero). The kernel starts as root only for what runs before any learner code
-  (:func:`drop_privileges`, called first thing by :mod:`mha_course.grading.kernel`): it copies
+  (:func:`drop_privileges`, called first thing by :mod:`mha_course.grading.running.kernel`): it
+  copies
   its connection file into its working folder, then changes user for good.
 - **private files** (:class:`Lockdown`): for that user only the "other" permission bits count,
   so each private path it could reach (the solutions, the assignment and probes files, the
@@ -33,7 +34,7 @@ Not root (a laptop), none of this is possible: the kernel runs as the checker's 
 whatever that user can (the solutions included) and write it. Then the checker restores the
 files it snapshotted (the package, the solutions, the assignment, the submissions), reports
 every other file of the checkout that changed, and says plainly that nothing else holds
-(:func:`mha_course.grading.check.Checker.create`). ``MHA_COURSE_KERNEL_USER=same`` asks for
+(:func:`mha_course.grading.running.check.Checker.create`). ``MHA_COURSE_KERNEL_USER=same`` asks for
 that behaviour as root too (the tests of the unprotected path use it).
 """
 
@@ -61,7 +62,7 @@ ID_SLOTS = 512
 #: The world-writable folders a kernel's user may write, swept after every run.
 SWEPT = (Path("/tmp"), Path("/var/tmp"), Path("/dev/shm"))
 PR_SET_NO_NEW_PRIVS = 38
-#: How the checker's own temporary run folders are named (:mod:`mha_course.grading.run`).
+#: How the checker's own temporary run folders are named (:mod:`mha_course.grading.running.run`).
 RUN_PREFIX = "mha-course-check-"
 
 

@@ -3,9 +3,10 @@
 A :class:`Checker` is made once per command: it takes the snapshots every check of the batch
 runs against (the solutions, the package, nbval's sanitize file) and finds the sandbox. Its
 :meth:`Checker.check` finds the solution a learner's notebook answers, puts the learner's cells
-into a copy of it (:mod:`~mha_course.grading.merge`), runs strict nbval on the copy in a
-subprocess (:mod:`~mha_course.grading.run`) and turns nbval's per-cell records into one
-verdict per exercise (:mod:`~mha_course.grading.verdicts`). When the kernel is lost during an
+into a copy of it (:mod:`~mha_course.grading.running.merge`), runs strict nbval on the copy in a
+subprocess (:mod:`~mha_course.grading.running.run`) and turns nbval's per-cell records into one
+verdict per exercise (:mod:`~mha_course.grading.reporting.verdicts`). When the kernel is lost
+during an
 exercise (it died, or ignored the interrupt after a timeout), the later cells ran in a dead
 kernel: the notebook is run again with that exercise stubbed out, so a crash or a hang loses
 only the exercise that caused it, in a lesson notebook as in an assignment bundle.
@@ -18,14 +19,23 @@ import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..authoring.assignment import NOTEBOOK_KEY, Assignment
+from ..authoring.bundle import build_bundle
+from ..authoring.catalog import exercises
+from ..authoring.generate import SANITIZE, load_solutions
+from ..authoring.notebooks import (
+    ID_RE,
+    ExerciseError,
+    course_root,
+    info,
+    lesson_of,
+    nb_info,
+    read_notebook,
+)
+from ..reporting.verdicts import NotebookResult, Verdict, judge_run
 from .account import Accounts, Lockdown
-from .assignment import NOTEBOOK_KEY, Assignment
-from .bundle import build_bundle
-from .catalog import exercises
-from .generate import SANITIZE, load_solutions
 from .limits import Limits, find_enforcement
 from .merge import course_sources, merge_learner, normalised, reference_for
-from .notebooks import ID_RE, ExerciseError, course_root, info, lesson_of, nb_info, read_notebook
 from .run import DEFAULT_TIMEOUT, Isolation, run_nbval
 from .sandbox import (
     CHANGED_SUFFIX,
@@ -38,12 +48,11 @@ from .sandbox import (
     choose_sandbox,
     python_paths,
 )
-from .verdicts import NotebookResult, Verdict, judge_run
 
 #: The pytest plugin of grading mode (checks run in the grader, see grading/grader.py).
-GRADER_PLUGIN = "mha_course.grading.grader"
+GRADER_PLUGIN = "mha_course.grading.running.grader"
 #: The package the checker belongs to: its snapshot is what every run imports.
-PACKAGE_DIR = Path(__file__).resolve().parents[1]
+PACKAGE_DIR = Path(__file__).resolve().parents[2]
 MISSING = ("your notebook has no solution cell for this exercise (deleted?); copy the cell back "
            "from the exercise notebook")
 #: The verdict message of a missing exercise when the whole notebook is the wrong one.
@@ -69,7 +78,7 @@ class KeptChange(Change):
 
 
 class KeepAside(FileGuard):
-    """A :class:`~mha_course.grading.sandbox.FileGuard` that keeps the changed bytes of the
+    """A :class:`~mha_course.grading.running.sandbox.FileGuard` that keeps the changed bytes of the
     submissions it was told about (:meth:`keep_aside`) in the folder ``keep``, beside the
     results, never in the submissions folder (other files: as FileGuard does, beside them)."""
 
@@ -240,7 +249,7 @@ class Checker:
     watched: dict = field(default_factory=dict)
     #: Grading mode: the assignment every submission is graded against (None: learner mode).
     assignment: Assignment | None = None
-    #: Grading mode: the instructor's probes file, as text (see mha_course.grading.grader).
+    #: Grading mode: the instructor's probes file, as text (see mha_course.grading.running.grader).
     probes: str | None = None
     #: Without the sandbox, as root: the paths made private for the command (call :meth:`close`).
     lockdown: Lockdown | None = None
@@ -255,13 +264,14 @@ class Checker:
         ``hidden`` folders (the submissions) are hidden from the sandboxed kernel, as are the
         course checkout, the solutions and the home folder. With an ``assignment`` the checker
         is in grading mode: every notebook is graded against it, and the checks run in the
-        grader (:mod:`mha_course.grading.grader`), not in the learner's kernel. ``limits``
+        grader (:mod:`mha_course.grading.running.grader`), not in the learner's kernel. ``limits``
         (default: 4 GiB, 256 processes, 1 GiB of disk per kernel) bound every kernel
-        (:mod:`mha_course.grading.limits`). ``keep``: the folder where the changed bytes of a
+        (:mod:`mha_course.grading.running.limits`). ``keep``: the folder where the changed bytes of
+        a
         submission that changed during the check are kept (:func:`keep_folder`; None: beside it).
 
         Without the sandbox, as root, each kernel runs as an unprivileged user of its own
-        (:mod:`mha_course.grading.account`): the solutions, the ``hidden`` folders and the
+        (:mod:`mha_course.grading.running.account`): the solutions, the ``hidden`` folders and the
         ``private`` paths (the assignment, probes and roster files; folders) are made unreadable
         to it until :meth:`close`. The private files are read now, before any learner code
         runs, and watched like the solutions: a change is restored and reported, and never used.
@@ -379,7 +389,7 @@ class Checker:
 
         :meth:`check` then grades these bytes, whatever a submission checked earlier writes to
         a classmate's file, and :meth:`changed` reports such a write; without the sandbox the
-        file is also restored (see :class:`~mha_course.grading.sandbox.FileGuard`). ``own``:
+        file is also restored (see :class:`~mha_course.grading.running.sandbox.FileGuard`). ``own``:
         the learner's own notebook, checked by itself (a save from their editor is kept).
         """
         for path in paths:

@@ -1,12 +1,13 @@
 """Reports: one notebook's verdicts as text, and the instructor's table (printed and CSV).
 
-Pure functions of :class:`~mha_course.grading.verdicts.NotebookResult` and of :class:`Row`,
+Pure functions of :class:`~mha_course.grading.reporting.verdicts.NotebookResult` and of
+:class:`Row`,
 so folder mode's decisions are unit-tested in milliseconds (``tests/test_verdicts.py``):
 
 - :func:`collect_submissions`: each notebook of a folder is a submission, and so is each
   sub-folder (every notebook in it, at any depth); hidden and system folders
   (``.ipynb_checkpoints``, ``__MACOSX``) are skipped; ``jay.ipynb`` and ``jay/`` stay apart
-  (:mod:`mha_course.grading.intake` does the reading);
+  (:mod:`mha_course.grading.reporting.intake` does the reading);
 - :func:`combine`: a submission's notebooks give one row, the best result per exercise, with a
   note where two notebooks disagree; an unreadable notebook is an ERROR;
 - :func:`summary_table` and :func:`csv_text`: one row per submission, one column per
@@ -20,7 +21,7 @@ import io
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .check import NOT_IN_WRONG_NOTEBOOK, WRONG_NOTEBOOK
+from ..running.check import NOT_IN_WRONG_NOTEBOOK, WRONG_NOTEBOOK
 from .intake import Submission, collect
 from .verdicts import STATUS_MEANING, STATUS_SHORT, NotebookResult, cap_line, trim
 
@@ -72,7 +73,7 @@ def format_result(result: NotebookResult, timeout: float) -> str:
 
 def collect_submissions(paths) -> list[Submission]:
     """The submissions in ``paths``: each file, or each entry of a folder, is one (see
-    :func:`mha_course.grading.intake.collect`, which also lists what it skipped)."""
+    :func:`mha_course.grading.reporting.intake.collect`, which also lists what it skipped)."""
     return collect(paths).submissions
 
 

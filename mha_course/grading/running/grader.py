@@ -1,15 +1,16 @@
 """The grader's side of grading mode: checks run where the learner's code never ran.
 
 Not taught in a lesson: a pytest plugin of the checker's nbval run (``-p
-mha_course.grading.grader``, added by :mod:`mha_course.grading.check` in grading mode, that is
+mha_course.grading.running.grader``, added by :mod:`mha_course.grading.running.check` in grading
+mode, that is
 ``check --assignment``). The checker marks the reference's check cells of the notebook it runs
 (cell metadata ``mha_course.grader``); this plugin runs those cells here, in the pytest process,
 instead of sending them to the learner's kernel:
 
 - the names the check cell uses come from the reference's setup cells, executed here
   (``checks``, ``np``, ...), except the names the exercises' solution cells define, which
-  always come from the kernel: a :class:`~mha_course.grading.session.Session` asks
-  :func:`mha_course.grading.remote.serve` (running in the kernel for the cell) for them, and
+  always come from the kernel: a :class:`~mha_course.grading.running.session.Session` asks
+  :func:`mha_course.grading.running.remote.serve` (running in the kernel for the cell) for them, and
   gets values (numbers, arrays, tuples, ...) or proxies whose calls go to the kernel;
 - the check itself, its reference results, its comparisons and its printed line all happen
   here, in code the learner's cells never touched, so a check replaced or wrapped in the
@@ -23,7 +24,7 @@ instead of sending them to the learner's kernel:
   as the nbval plugin reports it (``KERNEL_DIED``).
 
 What the plugin records for the cell (``test_outputs``, the exception) is what nbval would
-record, so :mod:`mha_course.grading.verdicts` decides as for any other cell.
+record, so :mod:`mha_course.grading.reporting.verdicts` decides as for any other cell.
 """
 
 from __future__ import annotations
@@ -37,11 +38,11 @@ import types
 
 import pytest
 
-from ..checks import measure
-from ..checks.harness import CheckFailed
-from .notebooks import info
+from ...checks import measure
+from ...checks.harness import CheckFailed
+from ..authoring.notebooks import info
+from ..reporting.verdicts import KERNEL_DIED
 from .session import INTERRUPT_GRACE, KernelLost, RemoteTimeout, Session
-from .verdicts import KERNEL_DIED
 
 try:
     from nbval.plugin import IPyNbCell, NbCellError
@@ -49,7 +50,7 @@ except ImportError:  # the plugin is only loaded into nbval runs
     IPyNbCell = NbCellError = None
 
 #: The module name the checker passes to pytest with ``-p``.
-PLUGIN = "mha_course.grading.grader"
+PLUGIN = "mha_course.grading.running.grader"
 
 
 class Names(dict):

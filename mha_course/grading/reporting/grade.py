@@ -2,22 +2,22 @@
 
 Not taught in a lesson: folder mode of ``python -m mha_course check`` (and grading mode, with
 ``--assignment``) runs :func:`check_class`: the submissions come from
-:func:`~mha_course.grading.intake.collect` (every skipped file is printed with why), every
-notebook is read once before any runs (:meth:`~mha_course.grading.check.Checker.watch`), the
+:func:`~mha_course.grading.reporting.intake.collect` (every skipped file is printed with why), every
+notebook is read once before any runs (:meth:`~mha_course.grading.running.check.Checker.watch`), the
 notebooks are checked ``jobs`` at a time, and each submission's report is printed in order as
 its results come in. Without an assignment each row counts the exercises of its own notebooks
-(:func:`~mha_course.grading.report.combine`); with one, each row is a
-:class:`~mha_course.grading.gradebook.GradeRow` of the assignment's exercises and points.
+(:func:`~mha_course.grading.reporting.report.combine`); with one, each row is a
+:class:`~mha_course.grading.reporting.gradebook.GradeRow` of the assignment's exercises and points.
 """
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from .assignment import number
+from ..authoring.assignment import number
+from ..authoring.notebooks import ExerciseError
 from .gradebook import grade_row
 from .intake import collect
-from .notebooks import ExerciseError
 from .report import combine, format_result
 
 
@@ -32,8 +32,8 @@ def check_class(paths, checker, jobs: int, timeout: float, roster=None, deadline
                 say=print):
     """Check every submission in ``paths``; return ``(rows, intake)``.
 
-    ``rows`` are :class:`~mha_course.grading.gradebook.GradeRow` in grading mode (the
-    checker has an assignment), else :class:`~mha_course.grading.report.Row`.
+    ``rows`` are :class:`~mha_course.grading.reporting.gradebook.GradeRow` in grading mode (the
+    checker has an assignment), else :class:`~mha_course.grading.reporting.report.Row`.
 
     Raises
     ------

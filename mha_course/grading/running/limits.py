@@ -10,7 +10,8 @@ once per command (:func:`find_enforcement`):
   exempts uid 0 of the first user namespace, capabilities or not), so where the checker can make
   a cgroup (root on Linux, cgroup v1's ``pids`` hierarchy or a v2 tree with the controller
   enabled) each kernel gets one with ``pids.max``; it counts threads too. Elsewhere, inside the
-  sandbox, the kernel sets ``RLIMIT_NPROC`` itself (:mod:`mha_course.grading.kernel`) once it
+  sandbox, the kernel sets ``RLIMIT_NPROC`` itself (:mod:`mha_course.grading.running.kernel`) once
+  it
   is in bubblewrap's user namespace, where Linux counts only that sandbox's processes.
 - **memory**: every process of the kernel gets ``RLIMIT_AS`` (a NumPy allocation past it raises
   ``MemoryError`` and the kernel lives on); with a cgroup, the whole process tree is bounded too
@@ -161,7 +162,7 @@ def find_enforcement(limits: Limits, sandboxed: bool, own_user: bool = False) ->
     """Which mechanism enforces each limit here, and what is missing (in words).
 
     ``own_user``: each kernel runs as a user of its own (no sandbox, as root; see
-    :mod:`mha_course.grading.account`), so its ``RLIMIT_NPROC`` counts its processes only.
+    :mod:`mha_course.grading.running.account`), so its ``RLIMIT_NPROC`` counts its processes only.
     """
     cgroups = {}
     if os.name == "posix" and hasattr(os, "geteuid"):

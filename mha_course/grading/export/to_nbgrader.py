@@ -36,12 +36,12 @@ from pathlib import Path
 
 import nbformat
 
-from .assignment import Assignment, assignment_text, number
-from .bundle import build_bundle
-from .catalog import exercises
-from .export import assignment_name, build_wheel, checker_requirements, refuse_to_overwrite
-from .notebooks import info, notebook_text
-from .run import DEFAULT_TIMEOUT
+from ..authoring.assignment import Assignment, assignment_text, number
+from ..authoring.bundle import build_bundle
+from ..authoring.catalog import exercises
+from ..authoring.notebooks import info, notebook_text
+from ..running.run import DEFAULT_TIMEOUT
+from .common import assignment_name, build_wheel, checker_requirements, refuse_to_overwrite
 
 #: The version of nbgrader this export is tested with (``tests/test_export_nbgrader.py``).
 NBGRADER_VERSION = "0.9.6"

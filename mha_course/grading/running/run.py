@@ -1,15 +1,18 @@
 """Running strict nbval on a notebook in a subprocess, isolated, with a backstop for the whole run.
 
 The checker never runs a learner's code in its own process: :func:`run_nbval` starts
-``python -m pytest --nbval`` (with the course's plugin, :mod:`mha_course.grading.nbval_plugin`)
-in a fresh temporary folder (see :mod:`mha_course.grading.sandbox`): the package it imports is a
+``python -m pytest --nbval`` (with the course's plugin,
+:mod:`mha_course.grading.running.nbval_plugin`)
+in a fresh temporary folder (see :mod:`mha_course.grading.running.sandbox`): the package it imports
+is a
 private copy written from the checker's snapshot, the kernel is started from the checker's
 description (in a bubblewrap sandbox where one works), and the per-cell records come back
 through a pipe that only the pytest process holds. nbval's own cell timeout stops a cell that
 runs too long; when the whole run passes the backstop, everything the run started is stopped
-(:func:`stop_run`). Each kernel gets the command's :class:`~mha_course.grading.limits.Limits`
+(:func:`stop_run`). Each kernel gets the command's
+:class:`~mha_course.grading.running.limits.Limits`
 (its own cgroups where they can be made), and after each run the files no run may change are
-compared with their snapshots (:class:`~mha_course.grading.sandbox.FileGuard`).
+compared with their snapshots (:class:`~mha_course.grading.running.sandbox.FileGuard`).
 
 Every run in progress is registered, so that :func:`stop_on_signals` can stop them all: on
 Ctrl-C (SIGINT) or SIGTERM the command kills every run's processes (pytest, bwrap, the kernel and
@@ -34,15 +37,15 @@ from pathlib import Path
 
 import psutil
 
+from ..authoring.notebooks import ExerciseError, clean, notebook_text
 from .account import RUN_PREFIX, SWEPT, Accounts, Written, kill_user, prepare_run_folder, sweep
 from .limits import Enforcement, KernelCgroups, Limits
-from .notebooks import ExerciseError, clean, notebook_text
 from .sandbox import FileGuard, Library, RunFolders, TreeWatch, kernel_spec
 
 #: nbval's timeout for one cell, in seconds (``python -m mha_course check --timeout``).
 DEFAULT_TIMEOUT = 30
 #: The pytest plugin loaded into the nbval run (``-p``).
-PLUGIN = "mha_course.grading.nbval_plugin"
+PLUGIN = "mha_course.grading.running.nbval_plugin"
 #: Environment variable marking every process of a run, so that :func:`stop_run` finds those
 #: that left the process tree (a daemon started by a learner's code, without a sandbox).
 RUN_MARK = "MHA_COURSE_RUN"
@@ -63,7 +66,8 @@ class Isolation:
     ``library`` is the snapshot of the package each run gets a copy of; ``sanitize`` the text
     of nbval's sanitize file (also a snapshot); ``bwrap`` the sandbox (None: unsandboxed);
     ``hidden`` the folders the sandbox hides from the kernel; ``plugins`` more pytest plugins
-    for the run (grading mode's :mod:`mha_course.grading.grader`); ``limits`` what each kernel
+    for the run (grading mode's :mod:`mha_course.grading.running.grader`); ``limits`` what each
+    kernel
     may use and ``enforcement`` how this machine enforces it; ``guard`` the files no run may
     change; ``accounts`` the users kernels run as without the sandbox (as root), and
     ``swept`` the folders searched after each run for what such a kernel wrote; ``tree``

@@ -1,9 +1,10 @@
 """Verdicts: from nbval's per-cell records to one verdict per exercise, with the reason in words.
 
 Pure functions over plain records, so the decisions are unit-tested in milliseconds
-(``tests/test_verdicts.py``); :mod:`mha_course.grading.check` only runs nbval and calls them.
+(``tests/test_verdicts.py``); :mod:`mha_course.grading.running.check` only runs nbval and calls
+them.
 
-A record is what :mod:`mha_course.grading.nbval_plugin` writes for one code cell::
+A record is what :mod:`mha_course.grading.running.nbval_plugin` writes for one code cell::
 
     {"cell": 7, "ok": False, "message": "<nbval's failure message>",
      "error": {"ename": "CheckFailed", "evalue": "Exercise 03.2: ...", "traceback": [...]},
@@ -13,12 +14,13 @@ A record is what :mod:`mha_course.grading.nbval_plugin` writes for one code cell
 record (None). A record may also say which of the kernel's limits was reached while the cell
 ran (``"limit": "the memory limit of 4 GiB per kernel was reached (...)"``); the verdict's
 message then ends with it. Cells have roles
-(:class:`~mha_course.grading.notebooks.CellRole`): ``setup``, ``solution`` (the learner's
+(:class:`~mha_course.grading.authoring.notebooks.CellRole`): ``setup``, ``solution`` (the learner's
 answer), ``check``, ``own`` (the learner's own cell, run before the answer) and the reference's
 other cells.
 
 Whose output is compared (the rule, enforced where it can be certain: in the kernel, see
-:mod:`mha_course.grading.kernel`): a cell's output is what its own code printed, synchronously,
+:mod:`mha_course.grading.running.kernel`): a cell's output is what its own code printed,
+synchronously,
 in the thread that runs it. Anything else (a thread or a subprocess the notebook left running, a
 carriage-return progress bar drawn by a thread, output of an earlier cell arriving late) is
 background output: sent under a parent no cell has, so it is never compared, never fails a
@@ -36,7 +38,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .notebooks import CellRole, clean
+from ..authoring.notebooks import CellRole, clean
 
 #: Cell-level statuses and how the summary table shows them.
 STATUS_SHORT = {
@@ -227,7 +229,7 @@ def extra_output(record: dict, role: CellRole) -> str | None:
 
 #: The note of a run during which background output arrived. Whether any arrived depends on
 #: timing (a thread that writes once, late), so the gradebook leaves it out
-#: (:func:`mha_course.grading.gradebook.grade_row`): the learner's report shows it.
+#: (:func:`mha_course.grading.reporting.gradebook.grade_row`): the learner's report shows it.
 BACKGROUND_NOTE = ("background output from your notebook (a thread, a subprocess or a progress "
                    "bar still writing after its cell) was ignored: only what a cell's own code "
                    "printed is compared")

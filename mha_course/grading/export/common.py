@@ -1,8 +1,9 @@
 """What the nbgrader and Gradescope exports share: the assignment, a wheel of the course, files.
 
 Not taught in a lesson: ``python -m mha_course export nbgrader|gradescope EXERCISES... -o OUT``
-(:mod:`mha_course.grading.export_nbgrader`, :mod:`mha_course.grading.export_gradescope`). Both
-take the exercises and their points from one :class:`~mha_course.grading.assignment.Assignment`
+(:mod:`mha_course.grading.export.to_nbgrader`, :mod:`mha_course.grading.export.to_gradescope`). Both
+take the exercises and their points from one
+:class:`~mha_course.grading.authoring.assignment.Assignment`
 (:func:`choose`): ids as ``assign`` takes them (``03.1 3.2 '4.1,4.5'``, a lesson ``03``) with
 ``--points``/``--title``/``--due``, or the ``.assignment.json`` file ``assign`` wrote.
 
@@ -23,10 +24,10 @@ import re
 import zipfile
 from pathlib import Path
 
-from .assignment import Assignment, load_assignment, make_assignment
-from .catalog import exercises
-from .check import PACKAGE_DIR, package_snapshot
-from .notebooks import ExerciseError
+from ..authoring.assignment import Assignment, load_assignment, make_assignment
+from ..authoring.catalog import exercises
+from ..authoring.notebooks import ExerciseError
+from ..running.check import PACKAGE_DIR, package_snapshot
 
 #: The installed distribution the wheel is made from.
 DISTRIBUTION = "mha-course"
