@@ -20,7 +20,6 @@ import numpy as np
 
 from .._validate import fail, fmt_shape, validate_positive_int
 from ..attention import causal_mask
-from ..heads import project
 from ..multihead import MultiHeadAttention
 from ..softmax import log_softmax
 
@@ -257,14 +256,13 @@ class TinyTransformer:
         mask = causal_mask(T)  # (T, T), the same for every head and example
         saved = []
         for i, layer in enumerate(self.layers):
-            out, cache = layer.forward(x, mask=mask, return_cache=True)  # (..., T, d_model)
-            if i in off:
-                d_v = layer.d_v
-                concat = cache.concat.copy()  # (..., T, h*d_v)
-                for head in off[i]:
-                    concat[..., head * d_v : (head + 1) * d_v] = 0.0
-                out = project(concat, layer.W_o, layer.b_o, concat.dtype)  # (..., T, d_model)
-            saved.append(cache)
+            if i in off:  # the layer's one head_mask: those heads' outputs are 0 before W_o
+                keep = np.ones(self.h)
+                keep[off[i]] = 0.0
+                out, _ = layer.forward(x, mask=mask, head_mask=keep)  # (..., T, d_model)
+            else:
+                out, cache = layer.forward(x, mask=mask, return_cache=True)
+                saved.append(cache)
             x = x + out  # the residual stream
         logits = x @ self.W_U  # (..., T, d_model) @ (d_model, V) -> (..., T, V)
         if return_cache:
