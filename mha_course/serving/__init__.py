@@ -25,8 +25,9 @@ Taught in ``notebooks/10_serving.ipynb``. What lives here:
   caches the decoder runs over.
 
 What it may import: the attention itself (the package's top-level modules: the layer, its
-caches, masks, positions, the block, the softmax) and NumPy (``ml_dtypes`` for the 8-bit float).
-Never the models wing (a model is taken by duck typing, so this wing sits just above the
-attention), the checks, the grading tools or the widgets, which may build on it. Import from
+caches, masks, positions, the block, the softmax), the kernels' tiled loop, the parallel wing's
+log-sum-exp merge, and NumPy (``ml_dtypes`` for the 8-bit float). Never the models wing (a model
+reaches it as the top level's layers and blocks, so this wing sits below the models), the checks,
+the grading tools or the widgets, which may build on it. Import from
 the module, not from the package's ``__init__``.
 """
