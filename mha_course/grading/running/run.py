@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,6 +113,8 @@ _ACTIVE: dict[int, ActiveRun] = {}
 #: :func:`runs_since_last_look`).
 _SEEN: dict[str, None] = {}
 _STOPPING = threading.Event()
+#: Every run folder that exists now (see :func:`run_folder`).
+_FOLDERS: set[str] = set()
 
 
 def _register(run: ActiveRun) -> int:
@@ -149,6 +152,7 @@ def stop_all() -> int:
     with _LOCK:
         _STOPPING.set()
         runs = list(_ACTIVE.values())
+        folders = {*_FOLDERS, *(str(run.folder) for run in runs)}
     for run in runs:
         if run.pid is not None:
             kill_tree(run.pid)
@@ -158,8 +162,42 @@ def stop_all() -> int:
     for run in runs:
         if run.cgroups is not None:
             run.cgroups.remove()
-        shutil.rmtree(run.folder, ignore_errors=True)
+    for folder in folders:  # every run's folder, registered or still being set up
+        remove_folder(folder)
     return len(runs)
+
+
+@contextlib.contextmanager
+def run_folder():
+    """A run's temporary folder, made only while no stop is under way and known to
+    :func:`stop_all` from the moment it exists, so a stop removes it even when the run's own
+    thread never gets to (the signal handler leaves with ``os._exit``)."""
+    with _LOCK:
+        if _STOPPING.is_set():
+            raise Stopped
+        folder = tempfile.mkdtemp(prefix=RUN_PREFIX)
+        _FOLDERS.add(folder)
+    try:
+        yield folder
+    finally:
+        remove_folder(folder)
+        with _LOCK:
+            _FOLDERS.discard(folder)
+
+
+def remove_folder(folder) -> None:
+    """Remove ``folder`` and everything in it, trying again for up to a second while a process
+    just killed may still be writing into it (SIGKILL is not instant) or a folder inside was
+    made read-only."""
+    for _ in range(20):
+        shutil.rmtree(folder, ignore_errors=True)
+        if not os.path.lexists(folder):
+            return
+        for root, dirs, _files in os.walk(folder):
+            for name in dirs:
+                with contextlib.suppress(OSError):
+                    os.chmod(os.path.join(root, name), 0o700)
+        time.sleep(0.05)
 
 
 @contextlib.contextmanager
@@ -287,7 +325,7 @@ def run_nbval_once(nb, cell_timeout, isolation: Isolation, total_timeout=None, w
     uid = isolation.accounts.lease() if isolation.accounts is not None and not isolation.bwrap \
         else None
     try:
-        with tempfile.TemporaryDirectory(prefix=RUN_PREFIX) as tmp:
+        with run_folder() as tmp:
             active = ActiveRun(who, Path(tmp))
             key = _register(active)
             try:
