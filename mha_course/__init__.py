@@ -3,6 +3,8 @@
 The helper package of the course: each module implements one concept exactly as its lesson
 teaches it (the module docstring names the lesson). Lessons write each concept inline, show it
 equals the function here, and import it from then on. The README has a map of the modules.
+The package is imported from lesson 01 (``notebooks/01_matmul.ipynb``) on; this ``__init__``
+re-exports names whose modules say which lesson teaches them.
 
 The package is in wings, and imports point down this list:
 
