@@ -446,7 +446,7 @@ def swiglu_backward(grad_out, x, W_gate, W_up, W_down) -> dict[str, np.ndarray]:
 class PreNormBlock:
     r"""A pre-norm decoder block (Llama's): ``x + attn(rms_norm(x))``, ``x + swiglu(rms_norm(x))``.
 
-    Lesson 09's GPT (``GPT.blocks``), lesson 12's variants (through the GPT's attention hook)
+    Lesson 09's GPT (``GPT.blocks``), lesson 13's variants (through the GPT's attention hook)
     and the serving decoder (``Decoder.blocks``) all run it. Its attention half takes a hook, a
     function of the normalised input (..., T, d_model) returning the attention's output: by
     default the layer's forward under ``mask``; :meth:`step` passes the layer's cached step.

@@ -44,9 +44,9 @@ def test_the_catalog_reads_every_exercise_with_title_stars_points_checks_and_fun
     assert catalog["03.2"].stars == 2 and catalog["03.2"].points == 2
     assert catalog["04.5"].title == "Multi-head attention from the article's per-head weights"
     assert catalog["04.5"].stars == 3 and catalog["04.5"].points == 3
-    assert catalog["13.3"].checks == ("check_mask_after_softmax",)
-    assert catalog["13.3"].functions == ("masked_attention",)
-    assert catalog["13.15"].label.startswith("13.15 ★★★ Timed build")
+    assert catalog["15.3"].checks == ("check_mask_after_softmax",)
+    assert catalog["15.3"].functions == ("masked_attention",)
+    assert catalog["15.15"].label.startswith("15.15 ★★★ Timed build")
     ids = list(catalog)
     assert ids == sorted(ids, key=lambda x: (int(x[:2]), int(x[3:])))
     for info in catalog.values():  # every exercise can be matched without its metadata
@@ -71,7 +71,7 @@ def test_ids_are_read_as_instructors_type_them(catalog):
     assert len(parse_ids("3", known=catalog)) == 6
     with pytest.raises(ValueError, match="unknown exercise '03.9'; known exercises: 01.1"):
         parse_ids("3.9", known=catalog)
-    with pytest.raises(ValueError, match=r"09.14 is now 13.14 \(the interview drill moved"):
+    with pytest.raises(ValueError, match=r"09.14 is now 15.14 \(the interview drill moved"):
         parse_ids("9.14", known=catalog)  # 09.1-09.5 are lesson 09's own exercises
     assert parse_ids("9.3", known=catalog) == ["09.3"]
     with pytest.raises(ValueError, match="'x1' is not an exercise id"):
@@ -83,10 +83,10 @@ def test_ids_are_read_as_instructors_type_them(catalog):
 
 
 def test_cells_are_matched_to_exercises_by_the_names_they_call_or_define(catalog):
-    lesson = {x: e for x, e in catalog.items() if x.startswith("13.")}
-    assert exercise_of_check("checks.check_mask_after_softmax(masked_attention)", lesson) == "13.3"
+    lesson = {x: e for x, e in catalog.items() if x.startswith("15.")}
+    assert exercise_of_check("checks.check_mask_after_softmax(masked_attention)", lesson) == "15.3"
     assert exercise_of_function("import numpy as np\ndef masked_attention(q, k, v, mask):\n"
-                                "    return q", lesson) == "13.3"
+                                "    return q", lesson) == "15.3"
     assert exercise_of_function("def helper(x):\n    return x", lesson) is None
     assert exercise_of_check("print(1)", lesson) is None
 

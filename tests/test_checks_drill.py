@@ -1,9 +1,9 @@
-"""Lesson 13's drill, its contract, once over all 26 exercises: every broken function fails its
+"""Lesson 15's drill, its contract, once over all 26 exercises: every broken function fails its
 check naming the property it breaks (and gets no hint), the cell that hands it out prints the
 same diagnosis, every solution passes, and the generic contract of every check holds
 (``tests/check_contract.py``).
 
-The broken functions and the solutions are read from ``solutions/13_interview_drill.ipynb``
+The broken functions and the solutions are read from ``solutions/15_interview_drill.ipynb``
 (``tests/drill_cells.py``), so what is tested is what is shipped. The wrong fixes each group of
 checks names are tested beside it, in ``tests/test_checks_lesson13*.py``.
 """
@@ -27,7 +27,7 @@ class TestContract(CheckContract):
 
 
 #: The broken functions that are themselves a mistake the check knows, and the hint it gives.
-BROKEN_IS_A_NAMED_MISTAKE = {"13.24": r"base-2 log-sum-exps were merged as natural ones"}
+BROKEN_IS_A_NAMED_MISTAKE = {"15.24": r"base-2 log-sum-exps were merged as natural ones"}
 
 
 def _ids(exercises):
@@ -40,7 +40,7 @@ def test_the_notebook_has_every_exercise_in_order_with_its_broken_and_solved_ver
     assert list(CELLS) == list(CHECKS)
     assert all("solution" in CELLS[ex] for ex in CHECKS)
     assert {ex for ex in CHECKS if "broken" in CELLS[ex]} == set(BROKEN_PROPERTY)
-    assert set(CHECKS) - set(BROKEN_PROPERTY) == {"13.15"}, "only the timed build has no bug"
+    assert set(CHECKS) - set(BROKEN_PROPERTY) == {"15.15"}, "only the timed build has no bug"
 
 
 @pytest.mark.parametrize("ex", _ids(BROKEN_PROPERTY))
@@ -66,5 +66,5 @@ def test_the_broken_cell_runs_and_diagnose_prints_the_same_property(ex):
 
 
 def test_diagnose_prints_a_pass_line_for_a_right_answer(capsys):
-    checks.diagnose(checks.check_causal_off_by_one, CORRECT_13["13.2"][1])
-    assert capsys.readouterr().out.startswith("Exercise 13.2 passed: ")
+    checks.diagnose(checks.check_causal_off_by_one, CORRECT_13["15.2"][1])
+    assert capsys.readouterr().out.startswith("Exercise 15.2 passed: ")

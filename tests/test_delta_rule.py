@@ -1,4 +1,4 @@
-"""The delta rule (lesson 12): the recurrence against the update written out with plain
+"""The delta rule (lesson 13): the recurrence against the update written out with plain
 matrices, the parallel (triangular-solve) form against the recurrence with and without the
 gate, exact storage of orthonormal keys, carried state, and named errors."""
 

@@ -1,4 +1,4 @@
-"""Entropy, log-n scaling and the low-rank bottleneck (lesson 12): entropy (against
+"""Entropy, log-n scaling and the low-rank bottleneck (lesson 13): entropy (against
 torch.distributions in ``tests/test_torch_parity.py``), log n for uniform rows, Qwen's log-n
 factor, the best rank-r fit exact at full rank, and the heads' mixture fit improving."""
 

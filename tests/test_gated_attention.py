@@ -1,4 +1,4 @@
-"""Gated and differential attention (lesson 12): the gate against a direct computation and
+"""Gated and differential attention (lesson 13): the gate against a direct computation and
 PyTorch, the differential map's softmaxes (against two torch SDPAs:
 ``tests/test_torch_parity.py``), the paper's lambda_init, and the
 costs against counts by hand."""

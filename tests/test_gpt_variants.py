@@ -1,4 +1,4 @@
-"""Lesson 09's GPT with the 2025 block (lesson 12): every switch off is lesson 09's model
+"""Lesson 09's GPT with the 2025 block (lesson 13): every switch off is lesson 09's model
 exactly; with the switches on, the hand-written gradients equal PyTorch autograd on the same
 forward written independently in torch, and central differences; save/load keep the variant."""
 

@@ -213,27 +213,27 @@ def test_results_are_decided_before_any_work_and_never_land_in_the_submissions(t
 
 def test_a_stripped_notebook_is_matched_by_its_checks_and_functions_and_old_drill_ids_move():
     catalog = exercises(SOLUTIONS)
-    ref = build_bundle(["03.1", "03.2", "13.3"], SOLUTIONS, stub=False)
-    graded = {x: catalog[x] for x in ("03.1", "03.2", "13.3")}
+    ref = build_bundle(["03.1", "03.2", "15.3"], SOLUTIONS, stub=False)
+    graded = {x: catalog[x] for x in ("03.1", "03.2", "15.3")}
     lesson = build_bundle(["03.1", "03.2", "03.3"], SOLUTIONS, stub=True)
     stripped = strip_metadata(answer(lesson, {"03.1": solution_source("03.1")}))
     found = {(c.kind, c.exercise) for c in classify(ref, stripped, graded)}
     assert ("answer", "03.1") in found and ("answer", "03.2") in found
     assert ("check", "03.1") in found
     assert not any(x == "03.3" for _, x in found if _ in ("answer", "check"))  # not assigned
-    # an old drill notebook: its exercise is 09.3, its check and function are 13.3's (its
+    # an old drill notebook: its exercise is 09.3, its check and function are 15.3's (its
     # cell ids are the same: matched by id; without them: by the check and the function)
-    drill = build_bundle(["13.3"], SOLUTIONS, stub=True)
+    drill = build_bundle(["15.3"], SOLUTIONS, stub=True)
     for cell in drill.cells:
-        if info(cell).get("exercise") == "13.3":
+        if info(cell).get("exercise") == "15.3":
             info(cell)["exercise"] = "09.3"
     for old in (drill, strip_metadata(drill)):
         if old is not drill:
             for new, cell in zip(drill.cells, old.cells, strict=True):
                 cell.metadata = copy.deepcopy(new.metadata)
         moved = [c for c in classify(ref, old, graded) if c.kind == "answer"]
-        assert [c.exercise for c in moved] == ["13.3"]
-        assert "was graded as Exercise 13.3 (the interview drill moved" in moved[0].note
+        assert [c.exercise for c in moved] == ["15.3"]
+        assert "was graded as Exercise 15.3 (the interview drill moved" in moved[0].note
     # without a catalog (a learner's own check) nothing is matched by name
     assert all(c.kind == "own" for c in classify(ref, strip_metadata(lesson))
                if c.exercise is None and c.kind != "check")
@@ -432,12 +432,12 @@ DROPOUT_TIRES = ("_draws = [0]\n\n\n"
 ], ids=["wrong-scale", "raises-on-draw-99"])
 def test_13_8s_draws_run_in_the_kernel_in_one_request_and_are_judged_in_the_grader(
         tmp_path, source, expected):
-    """13.8's check draws 8,000 masks (``harness.repeat``): in grading mode the draws run in
+    """15.8's check draws 8,000 masks (``harness.repeat``): in grading mode the draws run in
     the kernel as one request, not 8,000 round trips, and the grader still judges them: a wrong
     scale fails with its likely mistake, an answer that raises on a later draw with its error."""
-    bundle = build_bundle(["13.8"], SOLUTIONS, stub=False)
-    nb = write(answer(bundle, {"13.8": source}), tmp_path / "sub" / "hw.ipynb")
-    hw = make_assignment(["13.8"], exercises(SOLUTIONS))
+    bundle = build_bundle(["15.8"], SOLUTIONS, stub=False)
+    nb = write(answer(bundle, {"15.8": source}), tmp_path / "sub" / "hw.ipynb")
+    hw = make_assignment(["15.8"], exercises(SOLUTIONS))
     result = Checker.create(SOLUTIONS, timeout=120, hidden=[tmp_path], assignment=hw).check(nb)
     [verdict] = result.verdicts
     assert verdict.status == "failed" and expected in verdict.message, verdict
@@ -633,7 +633,7 @@ def test_assign_lists_exercises_and_takes_ids_as_typed(tmp_path):
     code, out = run_cli("assign", "3.1", "-o", tmp_path / "hw.ipynb", "--force")
     assert code == 0 and load_assignment(tmp_path / "hw.assignment.json").exercises == ("03.1",)
     code, out = run_cli("assign", "9.14", "-o", tmp_path / "x.ipynb")  # 09.1-09.5: lesson 09's
-    assert code == 2 and "09.14 is now 13.14" in out
+    assert code == 2 and "09.14 is now 15.14" in out
 
 
 def test_assign_list_into_a_closed_pipe_ends_without_a_traceback():

@@ -1,4 +1,4 @@
-"""Lesson 13, the interview drill: its rapid questions are folded, linked and mapped, its
+"""Lesson 15, the interview drill: its rapid questions are folded, linked and mapped, its
 catalogue lists the drill's exercises, and an instructor can bundle drill exercises with
 ``assign`` and check the result like any other (end to end, once).
 """
@@ -19,8 +19,8 @@ from mha_course.grading.authoring.notebooks import ExerciseError, info
 from mha_course.grading.cli import lesson_notebook, main
 
 ROOT = Path(__file__).resolve().parent.parent
-LESSON = ROOT / "notebooks" / "13_interview_drill.ipynb"
-SOLUTIONS = ROOT / "solutions" / "13_interview_drill.ipynb"
+LESSON = ROOT / "notebooks" / "15_interview_drill.ipynb"
+SOLUTIONS = ROOT / "solutions" / "15_interview_drill.ipynb"
 
 
 def _lesson():
@@ -66,7 +66,7 @@ def test_every_numbers_question_has_a_self_check_in_the_outputs():
 
 def test_the_catalogue_lists_every_spot_the_bug_exercise_of_the_solutions():
     text = "\n".join(c.source for c in _lesson().cells if c.cell_type == "markdown")
-    listed = re.findall(r"(?m)^\| (13\.\d+) \|", text)
+    listed = re.findall(r"(?m)^\| (15\.\d+) \|", text)
     nb = nbformat.read(SOLUTIONS, as_version=4)
     broken = [info(c)["exercise"] for c in nb.cells if info(c).get("kind") == "broken"]
     assert listed == broken and len(broken) >= 10
@@ -85,25 +85,25 @@ def _cli(*args) -> tuple[int, str]:
 
 def test_an_instructor_bundles_drill_exercises_and_checks_the_answers(tmp_path):
     out = tmp_path / "drill.ipynb"
-    code, text = _cli("assign", "13.4", "13.1", "13.15", "-o", out)
+    code, text = _cli("assign", "15.4", "15.1", "15.15", "-o", out)
     assert code == 0, text
     bundle = nbformat.read(out, as_version=4)
-    assert bundle.metadata["mha_course"]["assignment"] == ["13.1", "13.4", "13.15"]
+    assert bundle.metadata["mha_course"]["assignment"] == ["15.1", "15.4", "15.15"]
     kinds = [(info(c).get("exercise"), info(c).get("kind")) for c in bundle.cells]
-    assert ("13.1", "broken") in kinds and ("13.4", "broken") in kinds  # the broken code comes too
+    assert ("15.1", "broken") in kinds and ("15.4", "broken") in kinds  # the broken code comes too
     assert "### BEGIN SOLUTION" not in out.read_text()
 
-    # A learner answers 13.1 and 13.15 with the solutions and leaves 13.4 alone.
+    # A learner answers 15.1 and 15.15 with the solutions and leaves 15.4 alone.
     solution = {info(c)["exercise"]: c.source for c in nbformat.read(SOLUTIONS, as_version=4).cells
                 if info(c).get("role") == "solution"}
     for cell in bundle.cells:
-        if info(cell).get("role") == "solution" and info(cell)["exercise"] != "13.4":
+        if info(cell).get("role") == "solution" and info(cell)["exercise"] != "15.4":
             cell.source = solution[info(cell)["exercise"]]
     done = tmp_path / "drill_done.ipynb"
     nbformat.write(bundle, done)
     code, text = _cli("check", done)
     assert code == 1, text  # one exercise not attempted
-    for ex, verdict in (("13.1", "passed"), ("13.4", "not attempted"), ("13.15", "passed")):
+    for ex, verdict in (("15.1", "passed"), ("15.4", "not attempted"), ("15.15", "passed")):
         assert re.search(rf"Exercise {re.escape(ex)} +{verdict}", text), text
 
 
@@ -111,20 +111,20 @@ def test_an_old_drill_id_says_where_the_exercise_moved(tmp_path):
     # An instructor's saved command from before wave 3, when the drill was lesson 09. Its ids
     # 09.1 to 09.5 are lesson 09's own exercises again (the tiny GPT); 09.14 is not.
     old = "0" + "9.14"  # spelled so that the drill's renumbering script leaves it alone
-    code, text = _cli("assign", old, "13.9", "-o", tmp_path / "old.ipynb")
+    code, text = _cli("assign", old, "15.9", "-o", tmp_path / "old.ipynb")
     assert code == 2 and not (tmp_path / "old.ipynb").exists()
-    assert (f"{old} is now 13.14 (the interview drill moved from lesson 0" + "9 to lesson 13)"
-            in text)
+    assert (f"{old} is now 15.14 (the interview drill moved from lesson 0" + "9 to lesson 13; "
+            "then wave 4: the drill is lesson 15" in text)
 
 
 def test_an_old_drill_id_that_lesson_09_uses_again_says_so(tmp_path):
     # The same saved command with 09.3: it assigns lesson 09's top-p exercise, and says that the
-    # drill exercise that used to carry the id is 13.3 now.
+    # drill exercise that used to carry the id is 15.3 now.
     old = "0" + "9.3"
     code, text = _cli("assign", old, "-o", tmp_path / "old.ipynb")
     assert code == 0 and (tmp_path / "old.ipynb").exists(), text
-    assert (f"note: {old} is an exercise of the new lesson 0" + "9; the drill exercise that was "
-            f"{old} is now 13.3") in text
+    assert (f"note: {old} is an exercise of lesson 0" + "9 now; the exercise that was "
+            f"{old} before is now 15.3") in text
 
 
 def test_make_check_for_the_drills_old_lesson_names_its_new_number(tmp_path):
@@ -133,11 +133,11 @@ def test_make_check_for_the_drills_old_lesson_names_its_new_number(tmp_path):
     # folder alone, so no notebook is run.
     old = "0" + "9"
     (tmp_path / "exercises").mkdir()
-    (tmp_path / "exercises" / "13_interview_drill.ipynb").touch()
+    (tmp_path / "exercises" / "15_interview_drill.ipynb").touch()
     with pytest.raises(ExerciseError) as raised:
         lesson_notebook(old, tmp_path)
-    assert f"the interview drill moved from lesson {old} to lesson 13" in str(raised.value)
-    assert "make check EX=13" in str(raised.value)
+    assert f"the interview drill moved from lesson {old} to lesson 13, then 15" in str(raised.value)
+    assert "make check EX=15" in str(raised.value)
     # with a lesson 09 of its own, EX=09 is that lesson's notebook
     (tmp_path / "exercises" / f"{old}_tiny_gpt.ipynb").touch()
     assert lesson_notebook(old, tmp_path).name == f"{old}_tiny_gpt.ipynb"

@@ -1,4 +1,4 @@
-"""Soft-capping and QK-norm (lesson 12): the formulas against central differences (and PyTorch:
+"""Soft-capping and QK-norm (lesson 13): the formulas against central differences (and PyTorch:
 ``tests/test_torch_parity.py``),
 the cap's bound, the refusal of a masked (infinite) logit, QK-norm's fixed norms whatever the
 projections' scale, and ``logit_stats`` against a direct computation."""

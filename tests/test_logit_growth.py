@@ -1,4 +1,4 @@
-"""Lesson 12's recipes (models/logit_growth.py): train_variant is lesson 09's loop step for step,
+"""Lesson 13's recipes (models/logit_growth.py): train_variant is lesson 09's loop step for step,
 the shipped curves and models are what the recipes produce (their first steps retrained), and
 the shipped results have the shapes and bounds the lesson reads."""
 

@@ -117,8 +117,8 @@ def test_every_link_to_a_lesson_or_exercise_notebook_points_to_one_that_exists()
 
 def test_the_link_check_sees_a_missing_lesson():
     assert _links("see [lesson 09](09_tiny_gpt.ipynb#3-training) and "
-                  "[the drill](../exercises/13_interview_drill.ipynb)") == [
-        "09_tiny_gpt.ipynb", "../exercises/13_interview_drill.ipynb"]
+                  "[the drill](../exercises/15_interview_drill.ipynb)") == [
+        "09_tiny_gpt.ipynb", "../exercises/15_interview_drill.ipynb"]
 
 
 def test_each_lesson_ends_with_a_link_to_the_following_lesson_that_exists():
@@ -181,7 +181,7 @@ def test_the_path_check_sees_a_traceback_a_warning_and_an_error_message():
                                  "cell 1: /tmp/run"]
 
 
-DRILL = "13_interview_drill.ipynb"
+DRILL = "15_interview_drill.ipynb"
 
 
 def _solution_exercises() -> dict[str, dict[str, dict]]:

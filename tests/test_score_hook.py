@@ -1,6 +1,6 @@
 """The score hook of scaled_dot_product_attention (``score_mod``, ``sink``): each variant that
 changes the scores (soft-capping, ALiBi, learned sinks, differential and sparse attention, the
-2025 block of lesson 12) goes through the one function and equals its formula written out."""
+2025 block of lesson 13) goes through the one function and equals its formula written out."""
 
 from __future__ import annotations
 

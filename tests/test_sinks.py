@@ -1,4 +1,4 @@
-"""Learned sinks and StreamingLLM's mask (lesson 12): the sink softmax equals gpt-oss's
+"""Learned sinks and StreamingLLM's mask (lesson 13): the sink softmax equals gpt-oss's
 reference (an extra column, softmaxed, dropped) and the closed form; rows sum to 1 - p_sink; a
 fully masked row goes all to the sink with output 0; the backward against central differences
 (and PyTorch autograd: ``tests/test_torch_parity.py``); ``streaming_mask`` against its

@@ -1,4 +1,4 @@
-"""Sparse attention (lesson 12): top-k masks (against torch.topk in
+"""Sparse attention (lesson 13): top-k masks (against torch.topk in
 ``tests/test_torch_parity.py``), the lightning indexer against
 its sum written out, NSA's block selection keeping the forced blocks and staying causal, each
 NSA branch against PyTorch SDPA on its mask, mass kept and FLOPs against counts by hand."""

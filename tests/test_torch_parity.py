@@ -12,7 +12,7 @@ Conventions that differ between the two libraries, translated here:
   gives 0 too, ``nn.MultiheadAttention`` gives NaN when it returns the weights (its default)
   and in inference (``eval()`` under ``no_grad``: its fused fast path) even without them; the
   parity tests keep every row non-empty, and ``test_a_fully_masked_row_in_torch`` pins what
-  lessons 02 and 13 say about it.
+  lessons 02 and 15 say about it.
 """
 
 from __future__ import annotations
@@ -193,7 +193,7 @@ def test_torch_initialisation_is_what_the_course_says(torch):
     # in_proj_weight (variance 1/(2·d) per entry, the same for q, k and v) and leaves out_proj at
     # nn.Linear's Kaiming uniform with a = √5 (variance 1/(3·d)); per-matrix Xavier only on the
     # separate-projection path (kdim, vdim != embed_dim). Lesson 03 §2, lesson 04 §10, the
-    # drill's 13.7 and MultiHeadAttention's docstring say so; the package draws per-matrix Xavier.
+    # drill's 15.7 and MultiHeadAttention's docstring say so; the package draws per-matrix Xavier.
     torch.manual_seed(0)
     d = 512
     module = torch.nn.MultiheadAttention(d, 8)
@@ -219,7 +219,7 @@ def test_a_fully_masked_row_in_torch(torch, rng):
     # default) and in inference (eval() under no_grad: its fused fast path, with biases and an
     # even h) even with need_weights=False; off the fast path need_weights=False calls SDPA: 0
     # (plus the output projection's bias).
-    # Lessons 02 and 13 (Q4) say so.
+    # Lessons 02 and 15 (Q4) say so.
     q, k, v = sdpa_inputs(rng, (B, H), T, S)
     mask = np.ones((T, S), dtype=bool)
     mask[1] = False  # query 1 may attend to nothing
@@ -389,7 +389,7 @@ def _layer_params(torch, layer):
     return {name: torch.from_numpy(p) for name, p in layer.parameters().items()}
 
 
-# ---- norms, caps, entropy, top-k, parameter counts (lessons 04, 09 and 12)
+# ---- norms, caps, entropy, top-k, parameter counts (lessons 04, 09 and 13)
 def _soft_cap_grad(torch, g, x):
     xt = x.clone().requires_grad_()
     (50.0 * torch.tanh(xt / 50.0) * g).sum().backward()
@@ -590,7 +590,7 @@ LAYERS = [
 ]
 
 
-# ---- lesson 12's variants: differential attention, sinks, MLA
+# ---- lesson 13's variants: differential attention, sinks, MLA
 def _differential_inputs(rng):
     h, T_, S_, d, d_v = 3, 4, 6, 5, 7
     q1, q2 = rng.normal(size=(2, h, T_, d))

@@ -29,7 +29,7 @@ through unchanged, so the checker (``python -m mha_course check``) can report "n
 
 The checks of lesson NN live in ``lessonNN.py`` (each lists its checks in ``__all__``), built
 from the shared machinery in ``harness.py`` and the known wrong versions in ``variants.py``;
-lesson 13's spot-the-bug drill, 26 exercises, has a sub-folder of its own, :mod:`drill
+lesson 15's spot-the-bug drill, 26 exercises, has a sub-folder of its own, :mod:`drill
 <mha_course.checks.drill>`, one module per group of exercises. A new lesson's checks arrive with
 one line below: ``from .lessonNN import *``.
 
@@ -53,6 +53,6 @@ from .lesson08 import *  # noqa: F403
 from .lesson09 import *  # noqa: F403
 from .lesson10 import *  # noqa: F403
 from .lesson11 import *  # noqa: F403
-from .lesson12 import *  # noqa: F403
+from .lesson13 import *  # noqa: F403
 
 __all__ = ["CheckFailed", *sorted(name for name in dir() if name.startswith("check_"))]

@@ -2,7 +2,7 @@
 
 A reference says what the right answer is; a property says what no right answer can do, and
 so points at the kind of bug: weights that do not sum to 1, a future that leaks, a cache that
-disagrees with the full forward pass, a shuffle that does not commute. Lesson 13's spot-the-bug
+disagrees with the full forward pass, a shuffle that does not commute. Lesson 15's spot-the-bug
 checks (:mod:`mha_course.checks.drill`) state the first property a learner's function
 breaks, by name (the constants below), with the evidence; the lesson writes each test inline
 first and shows it agrees with :func:`audit_attention` here.

@@ -79,7 +79,7 @@ def mha_variant(x, W_q, W_k, W_v, W_o, mask=None, scale="sqrt", axis=-1, order=1
 
 
 
-# ------------------------------------------------- lesson 13: the wrong fixes of the drill
+# ------------------------------------------------- lesson 15: the wrong fixes of the drill
 # Each imitates a fix that hides a bug's symptom without restoring the property it breaks;
 # the drill's checks name the mistake when a learner's answer equals one of them.
 

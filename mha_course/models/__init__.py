@@ -8,7 +8,7 @@ attention-only model with its loss and backward pass (``tiny_model``), Adam and 
 step ``gpt_fast``, its training loop ``gpt_train``), the character ``tokenizer``, the
 Shakespeare ``corpus``, next-token ``sampling``, what its heads read on real text
 (``text_heads``) and the recipes that trained what ships (``shakespeare``). Lesson 10's draft
-model (``draft``). Lesson 12's GPT with 2025's attention block (``gpt_variants``), its
+model (``draft``). Lesson 13's GPT with 2025's attention block (``gpt_variants``), its
 logit-growth runs (``logit_growth``) and the one-head capacity fit (``head_capacity``).
 
 What it may import: the attention itself (the package's top-level modules: the layer, masks,

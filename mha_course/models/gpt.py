@@ -240,7 +240,7 @@ class GPT:
         """The forward pass every variant shares: ``(logits, cache, infos)``.
 
         Each block is its :class:`~mha_course.block.PreNormBlock`, with the attention half
-        through the hook :meth:`_attention` (lesson 12's ``VariantGPT`` overrides it);
+        through the hook :meth:`_attention` (lesson 13's ``VariantGPT`` overrides it);
         ``infos`` holds what the hook returns beside the output, one entry per block.
         """
         tokens = self.validate_tokens(func, tokens)

@@ -1,7 +1,7 @@
 """Lesson 09's GPT with the attention block of 2025: QK-norm, soft-capping, learned sinks and an
 output gate, each switchable, with its backward pass by hand.
 
-Taught in ``notebooks/12_attention_2025.ipynb``.
+Taught in ``notebooks/13_attention_2025.ipynb``.
 
 :class:`VariantGPT` is a :class:`~mha_course.models.gpt.GPT` (the same embeddings, RMSNorm,
 SwiGLU, RoPE, GQA, head and parameters) whose attention adds what a :class:`BlockVariant`
@@ -25,7 +25,7 @@ or (d_model, h·d_k) for an elementwise one. The gradients are tested against Py
 (``tests/test_gpt_variants.py``).
 
 ``forward(..., stats=True)`` also returns, per block, the largest raw logit ``s``, the largest
-logit after the cap and the mean entropy of every head: what lesson 12 §1 plots over training.
+logit after the cap and the mean entropy of every head: what lesson 13 §1 plots over training.
 The model has no KV-cache path: ``generate`` reruns the prefix (``use_cache=False``).
 """
 

@@ -1,7 +1,7 @@
-"""Lesson 12's training runs: attention-logit growth at a high learning rate, and its two cures,
+"""Lesson 13's training runs: attention-logit growth at a high learning rate, and its two cures,
 plus the trained sink and gate models; the recipes and what they ship.
 
-Taught in ``notebooks/12_attention_2025.ipynb``. The runs are recipes (seeded, ``tqdm``, one
+Taught in ``notebooks/13_attention_2025.ipynb``. The runs are recipes (seeded, ``tqdm``, one
 BLAS thread)::
 
     python -m mha_course.models.logit_growth growth   # GROWTH_RECIPE -> logit_growth.json

@@ -1,6 +1,6 @@
 """The variants of attention in recent models, each built on the top level's attention.
 
-Most are lesson 12's (``notebooks/12_attention_2025.ipynb``); MLA is taught in lesson 06, RoPE
+Most are lesson 13's (``notebooks/13_attention_2025.ipynb``); MLA is taught in lesson 06, RoPE
 scaling in lesson 05 and linear attention in lesson 07, as each module's docstring says. Imports
 point down: this wing may import the top level, never another wing.
 

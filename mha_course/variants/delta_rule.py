@@ -1,7 +1,7 @@
 """The delta rule: linear attention whose state overwrites instead of only adding (DeltaNet), and
 its gated form (Gated DeltaNet); recurrent and parallel forms.
 
-Taught in ``notebooks/12_attention_2025.ipynb`` (lesson 07 §11 introduced linear attention and
+Taught in ``notebooks/13_attention_2025.ipynb`` (lesson 07 §11 introduced linear attention and
 its recall problem).
 
 Lesson 07's causal linear attention adds ``φ(k_t) v_tᵀ`` to a ``(d_k, d_v)`` state at every token,

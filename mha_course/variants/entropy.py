@@ -1,13 +1,13 @@
 """Attention entropy and context length: how spread a head's weights are, why they flatten as
 the context grows, and the log-n scaling of the logits that slows it.
 
-Taught in ``notebooks/12_attention_2025.ipynb`` (lesson 02 §6 defined the entropy).
+Taught in ``notebooks/13_attention_2025.ipynb`` (lesson 02 §6 defined the entropy).
 
 With logits of a fixed spread, a softmax over ``n`` keys has entropy that grows with ``log n``:
 a head trained on 2k tokens and run on 32k spreads its weight over sixteen times as many keys.
 Multiplying the logits of a query at position ``n`` by ``log n / log n_train`` for
 ``n > n_train`` (Qwen's ``use_logn_attn``) is a temperature that grows with the length: it
-slows that flattening (lesson 12 §6 measures by how much), it does not stop it.
+slows that flattening (lesson 13 §6 measures by how much), it does not stop it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Two changes to what a head returns: a sigmoid gate on its output, and the difference of two
 softmaxes.
 
-Taught in ``notebooks/12_attention_2025.ipynb``.
+Taught in ``notebooks/13_attention_2025.ipynb``.
 
 - **Gated attention** (Qiu et al. 2025, *Gated Attention for Large Language Models*; the gate of
   Qwen3-Next): ``o_i ← o_i ⊙ σ(a W_θ)``, with ``a`` the block's normalised input and the gate

@@ -1,6 +1,6 @@
 """Keeping attention logits in range: soft-capping and QK-norm, with their backward passes.
 
-Taught in ``notebooks/12_attention_2025.ipynb``.
+Taught in ``notebooks/13_attention_2025.ipynb``.
 
 Two fixes for *attention-logit growth* (Dehghani et al. 2023, ViT-22B; Wortsman et al. 2023,
 small-scale proxies): when ``|q|·|k|`` grows during training, the scaled scores

@@ -1,7 +1,7 @@
 """Sparse attention that chooses its keys: NSA's blocks (compressed, selected, sliding) and DSA's
 top-k keys per query from a light indexer; the weight mass each keeps and the FLOPs it saves.
 
-Taught in ``notebooks/12_attention_2025.ipynb``.
+Taught in ``notebooks/13_attention_2025.ipynb``.
 
 - **NSA** (Yuan et al. 2025, *Native Sparse Attention*, DeepSeek): three branches per query,
   mixed by gates ``g ∈ [0, 1]``: attention over *compressed* blocks (each block of keys and values

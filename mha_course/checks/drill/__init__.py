@@ -1,14 +1,14 @@
-"""Checks for lesson 13's spot-the-bug drill (``solutions/13_interview_drill.ipynb``), one module
+"""Checks for lesson 15's spot-the-bug drill (``solutions/15_interview_drill.ipynb``), one module
 per group of exercises:
 
-- :mod:`~mha_course.checks.drill.attention`: the attention and layer bugs (13.1 to 13.8);
-- :mod:`~mha_course.checks.drill.decoding`: the decoding bugs (13.9 to 13.14);
-- :mod:`~mha_course.checks.drill.timed_build`: the timed build (13.15);
-- :mod:`~mha_course.checks.drill.generation`: the generation bugs (13.16 to 13.18);
-- :mod:`~mha_course.checks.drill.serving`: the serving bugs (13.19 to 13.21);
-- :mod:`~mha_course.checks.drill.parallel`: attention across devices and packed rows (13.22 to
-  13.24);
-- :mod:`~mha_course.checks.drill.block2025`: the 2025 attention block (13.25, 13.26).
+- :mod:`~mha_course.checks.drill.attention`: the attention and layer bugs (15.1 to 15.8);
+- :mod:`~mha_course.checks.drill.decoding`: the decoding bugs (15.9 to 15.14);
+- :mod:`~mha_course.checks.drill.timed_build`: the timed build (15.15);
+- :mod:`~mha_course.checks.drill.generation`: the generation bugs (15.16 to 15.18);
+- :mod:`~mha_course.checks.drill.serving`: the serving bugs (15.19 to 15.21);
+- :mod:`~mha_course.checks.drill.parallel`: attention across devices and packed rows (15.22 to
+  15.24);
+- :mod:`~mha_course.checks.drill.block2025`: the 2025 attention block (15.25, 15.26).
 
 Each spot-the-bug check runs the learner's fix against the property tests of
 :mod:`mha_course.checks.properties` and names the first property it breaks, with the evidence;
@@ -19,7 +19,7 @@ Examples
 --------
 >>> from mha_course.checks import drill
 >>> drill.diagnose(drill.check_causal_off_by_one, lambda T: None)  # doctest: +ELLIPSIS
-Exercise 13.2: ...
+Exercise 15.2: ...
 """
 
 from ..harness import CheckFailed

@@ -1,4 +1,4 @@
-"""Checks for lesson 13's spot-the-bug drill: the attention and layer bugs (13.1 to 13.8).
+"""Checks for lesson 15's spot-the-bug drill: the attention and layer bugs (15.1 to 15.8).
 
 Each exercise hands the learner a broken function from a public bug report; its check runs the
 learner's fix against the property tests of :mod:`mha_course.checks.properties` and reports
@@ -65,10 +65,10 @@ def _pair(ex, got, lead, T, S, d_v, label):
             array(ex, w, (*lead, T, S), f"your weights {label}", "(..., T, S)"))
 
 
-# ----------------------------------------------------------- 13.1 scaled by d_model, not d_k
+# ----------------------------------------------------------- 15.1 scaled by d_model, not d_k
 def check_head_scale(fn) -> None:
-    """Exercise 13.1: ``multi_head_attention(x, W_q, W_k, W_v, W_o, h)`` -> (out, weights)."""
-    ex, rng = "13.1", check_rng(901)
+    """Exercise 15.1: ``multi_head_attention(x, W_q, W_k, W_v, W_o, h)`` -> (out, weights)."""
+    ex, rng = "15.1", check_rng(901)
     for lead, T, d_model, h, d_k, d_v in (((2,), 5, 12, 3, 4, 6), ((), 4, 10, 2, 3, 5),
                                           ((1,), 3, 8, 4, 6, 2)):
         layer = MultiHeadAttention(d_model, h, d_k, d_v, rng=rng)
@@ -97,10 +97,10 @@ def _head_scale(ex, fn, layer, x):
     compare(ex, out, want_out, f"your output {label}", "(..., T, d_model)")
 
 
-# --------------------------------------------------------- 13.2 the causal triangle, off by one
+# --------------------------------------------------------- 15.2 the causal triangle, off by one
 def check_causal_off_by_one(fn) -> None:
-    """Exercise 13.2: ``causal_attention(q, k, v)`` -> (out, weights), T queries over T keys."""
-    ex, rng = "13.2", check_rng(902)
+    """Exercise 15.2: ``causal_attention(q, k, v)`` -> (out, weights), T queries over T keys."""
+    ex, rng = "15.2", check_rng(902)
     for lead, T, d_k, d_v in (((2,), 5, 4, 3), ((), 6, 3, 5), ((2, 1), 1, 2, 4)):
         _causal(ex, fn, rng, *_qkv(rng, lead, T, T, d_k, d_v))
     passed(ex, "each query sees itself and every earlier key, nothing later (T = 5, 6, 1)")
@@ -130,10 +130,10 @@ def _causal(ex, fn, rng, q, k, v):
     compare(ex, out, want_out, f"your output {label}", "(..., T, d_v)")
 
 
-# ------------------------------------------------------ 13.3 masking the weights, not the scores
+# ------------------------------------------------------ 15.3 masking the weights, not the scores
 def check_mask_after_softmax(fn) -> None:
-    """Exercise 13.3: ``masked_attention(q, k, v, mask)`` -> (out, weights)."""
-    ex, rng = "13.3", check_rng(903)
+    """Exercise 15.3: ``masked_attention(q, k, v, mask)`` -> (out, weights)."""
+    ex, rng = "15.3", check_rng(903)
     for lead, T, S, d_k, d_v in (((2,), 3, 5, 4, 6), ((), 4, 4, 3, 2)):
         mask = rng.random((*lead, T, S)) < 0.6
         mask[..., 0] |= ~mask.any(axis=-1)  # every query keeps a key
@@ -167,10 +167,10 @@ def _mask_after(ex, fn, rng, q, k, v, mask):
     compare(ex, out, want_out, f"your output {label}", "(..., T, d_v)")
 
 
-# ------------------------------------------------- 13.4 an additive mask built by multiplication
+# ------------------------------------------------- 15.4 an additive mask built by multiplication
 def check_minus_inf_bias(fn) -> None:
-    """Exercise 13.4: ``attention_with_bias(q, k, v, keep)``, keep a float 1.0/0.0 mask."""
-    ex, rng = "13.4", check_rng(904)
+    """Exercise 15.4: ``attention_with_bias(q, k, v, keep)``, keep a float 1.0/0.0 mask."""
+    ex, rng = "15.4", check_rng(904)
     for lead, T, S, d_k, d_v, dtype in (((2,), 3, 5, 4, 6, np.float64),
                                         ((), 4, 6, 3, 2, np.float64), ((), 3, 4, 4, 3, np.float16)):
         keep = rng.random((*lead, T, S)) < 0.6
@@ -209,10 +209,10 @@ def _bias(ex, fn, q, k, v, keep):
         raise fail(ex, f"your output {label} is not the float64 output to 2 decimals")
 
 
-# -------------------------------------------------- 13.5 a row with nothing to attend to
+# -------------------------------------------------- 15.5 a row with nothing to attend to
 def check_fully_masked_rows(fn) -> None:
-    """Exercise 13.5: ``masked_softmax(scores, valid_lens)``: scores (B, T, S), lengths (B,)."""
-    ex, rng = "13.5", check_rng(905)
+    """Exercise 15.5: ``masked_softmax(scores, valid_lens)``: scores (B, T, S), lengths (B,)."""
+    ex, rng = "15.5", check_rng(905)
     for B, T, S, lens in ((3, 2, 5, [5, 0, 2]), (2, 3, 4, [0, 3]), (2, 4, 3, [3, 1])):
         _empty_rows(ex, fn, rng.normal(size=(B, T, S)) * 2, np.array(lens))
     passed(ex, "valid_lens with 0s: masked keys get 0, an empty sequence gets 0s, never a NaN")
@@ -241,10 +241,10 @@ def _empty_rows(ex, fn, scores, lens):
     compare(ex, w, want, f"your weights {label}", "(B, T, S)")
 
 
-# ----------------------------------------------------- 13.6 merging heads: reshape, then transpose
+# ----------------------------------------------------- 15.6 merging heads: reshape, then transpose
 def check_merge_order(fn) -> None:
-    """Exercise 13.6: ``attention_layer(x, W_q, W_k, W_v, W_o, h)`` -> (out, weights)."""
-    ex, rng = "13.6", check_rng(906)
+    """Exercise 15.6: ``attention_layer(x, W_q, W_k, W_v, W_o, h)`` -> (out, weights)."""
+    ex, rng = "15.6", check_rng(906)
     for lead, T, d_model, h, d_k, d_v in (((), 5, 12, 3, 4, 2), ((2,), 4, 10, 3, 3, 5),
                                           ((3,), 3, 8, 2, 4, 6)):
         layer = MultiHeadAttention(d_model, h, d_k, d_v, rng=rng)
@@ -278,7 +278,7 @@ def _merge(ex, fn, rng, layer, x):
     compare(ex, out, layer(x)[0], f"your output {label}", "(..., T, d_model)")
 
 
-# ---------------------------------------------------------- 13.7 W_o's input width: h·d_v
+# ---------------------------------------------------------- 15.7 W_o's input width: h·d_v
 FITS = "the weights fit together: Concat of the h heads, h·d_v wide, times W_o gives d_model"
 PARAMS = ("the parameters are 2·d_model·h·d_k + 2·h·d_v·d_model (4·d_model² when h·d_k = "
           "h·d_v = d_model)")
@@ -286,8 +286,8 @@ XAVIER = "Xavier uniform: a (fan_in, fan_out) matrix spreads over ±√(6 / (fan
 
 
 def check_output_width(fn) -> None:
-    """Exercise 13.7: ``init_weights(d_model, h, d_k=None, d_v=None, rng=None)`` -> dict."""
-    ex = "13.7"
+    """Exercise 15.7: ``init_weights(d_model, h, d_k=None, d_v=None, rng=None)`` -> dict."""
+    ex = "15.7"
     for d_model, h, d_k, d_v in ((64, 8, None, None), (48, 4, 16, 8), (30, 3, 10, 7)):
         dk = d_model // h if d_k is None else d_k
         dv = dk if d_v is None else d_v
@@ -318,15 +318,15 @@ def check_output_width(fn) -> None:
     passed(ex, "W_o reads the h·d_v concatenated head outputs, for d_k and d_v set or not")
 
 
-# ----------------------------------------------------------------- 13.8 dropout's scale
+# ----------------------------------------------------------------- 15.8 dropout's scale
 EXPECTED = "dropout keeps each weight's expected value: the mean over many draws is the weight"
 DROPPED = "dropout drops a fraction p of the weights"
 EVAL = "in evaluation (training=False) dropout changes nothing"
 
 
 def check_dropout_scale(fn) -> None:
-    """Exercise 13.8: ``attention_dropout(weights, p, rng, training=True)``."""
-    ex, n = "13.8", 4000
+    """Exercise 15.8: ``attention_dropout(weights, p, rng, training=True)``."""
+    ex, n = "15.8", 4000
     w = softmax(check_rng(908).normal(size=(3, 4, 5)))
     for p in (0.1, 0.3):
         args, names = (w, p, 1), ("weights", "p", "rng")  # a seed; a Generator below

@@ -1,7 +1,7 @@
-"""Checks for lesson 13's spot-the-bug drill: the 2025 attention block (13.25, 13.26).
+"""Checks for lesson 15's spot-the-bug drill: the 2025 attention block (15.25, 15.26).
 
-Taught with lesson 12 (``notebooks/12_attention_2025.ipynb``, §1: soft-capping and QK-norm) and
-drilled in ``notebooks/13_interview_drill.ipynb``. Each bug comes from a public report:
+Taught with lesson 13 (``notebooks/13_attention_2025.ipynb``, §1: soft-capping and QK-norm) and
+drilled in ``notebooks/15_interview_drill.ipynb``. Each bug comes from a public report:
 soft-capping applied after the mask (onnx/onnx#7865: the ONNX Attention operator's soft-cap
 turned the mask's ``-inf`` into a finite score), and QK-norm computed over all heads at once
 instead of per head (vllm-project/vllm#16311, Llama 4's QK-norm). Like
@@ -31,11 +31,11 @@ PER_HEAD = ("each head is normalised on its own: scaling one head's queries chan
             "head's normalised queries")
 
 
-# ------------------------------------------------------ 13.25 soft-capping after the mask
+# ------------------------------------------------------ 15.25 soft-capping after the mask
 def check_softcap_before_mask(fn) -> None:
-    """Exercise 13.25: ``capped_attention(q, k, v, mask, cap)`` -> (out, weights) with the
+    """Exercise 15.25: ``capped_attention(q, k, v, mask, cap)`` -> (out, weights) with the
     scores soft-capped before the mask."""
-    ex, rng = "13.25", check_rng(1327)
+    ex, rng = "15.25", check_rng(1327)
     for B, h, T, S, d_k, d_v, cap in ((2, 3, 4, 6, 5, 7, 1.0), (1, 2, 5, 5, 3, 4, 2.5)):
         q = rng.normal(size=(B, h, T, d_k)) * 2
         k = rng.normal(size=(B, h, S, d_k)) * 2
@@ -69,11 +69,11 @@ def check_softcap_before_mask(fn) -> None:
                "caps 1 and 2.5 and two shapes")
 
 
-# --------------------------------------------------------- 13.26 QK-norm across the heads
+# --------------------------------------------------------- 15.26 QK-norm across the heads
 def check_per_head_qk_norm(fn) -> None:
-    """Exercise 13.26: ``qk_normed(x, h, gain, eps)`` -> a fused (..., T, h·d_k) projection with
+    """Exercise 15.26: ``qk_normed(x, h, gain, eps)`` -> a fused (..., T, h·d_k) projection with
     each head RMS-normalised on its own."""
-    ex, rng = "13.26", check_rng(1328)
+    ex, rng = "15.26", check_rng(1328)
     for shape, h in (((2, 5, 12), 3), ((3, 4, 2, 10), 5)):
         d_k = shape[-1] // h
         x = rng.normal(size=shape)

@@ -1,8 +1,8 @@
-"""Checks for lesson 13's spot-the-bug drill: the decoding bugs (13.9 to 13.14).
+"""Checks for lesson 15's spot-the-bug drill: the decoding bugs (15.9 to 15.14).
 
 A KV cache's mask, a cache that outlives its prompt, grouped K/V heads, RoPE, a sliding window
 and MLA's cache formula. Like :mod:`mha_course.checks.drill.attention`
-(13.1 to 13.8), each check names the first property of :mod:`mha_course.checks.properties` that
+(15.1 to 15.8), each check names the first property of :mod:`mha_course.checks.properties` that
 the learner's function breaks, with the evidence, and the likely mistake of a known wrong fix.
 """
 
@@ -41,14 +41,14 @@ def no_layer(task: str) -> dict[str, str]:
     return {f"mha_course.MultiHeadAttention.{m}": task for m in LAYER_CALLS}
 
 
-# --------------------------------------------------- 13.9 a chunk over a cache: which corner
+# --------------------------------------------------- 15.9 a chunk over a cache: which corner
 def check_chunk_mask(fn) -> None:
-    """Exercise 13.9: ``attend_chunk(q, k, v, causal_buffer)``: T new queries over S keys.
+    """Exercise 15.9: ``attend_chunk(q, k, v, causal_buffer)``: T new queries over S keys.
 
     First one token at a time (T = 1 over S = 1, 2, ...: decoding), then chunks of several tokens
     over a cache, each time against one causal forward pass without a cache.
     """
-    ex, rng = "13.9", check_rng(909)
+    ex, rng = "15.9", check_rng(909)
     buffer = np.tril(np.ones((16, 16), dtype=bool))  # precomputed once, like nanoGPT's `bias`
     for lead, n, d_k, d_v in (((2,), 6, 4, 3), ((), 5, 3, 5)):  # decoding: T = 1, explicitly
         q, k, v = (rng.normal(size=(*lead, n, d)) for d in (d_k, d_k, d_v))
@@ -99,13 +99,13 @@ def check_chunk_mask(fn) -> None:
                "cache equal one causal forward")
 
 
-# ------------------------------------------------- 13.10 a cache that outlives its prompt
+# ------------------------------------------------- 15.10 a cache that outlives its prompt
 PROMPTS = "prompts are independent: a prompt's outputs do not depend on the prompts before it"
 
 
 def check_cache_reset(fn) -> None:
-    """Exercise 13.10: ``run_prompts(layer, prompts)`` -> a list of (T_i, d_model) outputs."""
-    ex, rng = "13.10", check_rng(910)
+    """Exercise 15.10: ``run_prompts(layer, prompts)`` -> a list of (T_i, d_model) outputs."""
+    ex, rng = "15.10", check_rng(910)
     for layer, lengths in ((MultiHeadAttention(12, 3, rope="half", rng=rng), (3, 5, 2)),
                            (MultiHeadAttention(8, 2, 6, 3, rope="interleaved", rng=rng), (4, 4))):
         _prompts(ex, fn, layer, [rng.normal(size=(n, layer.d_model)) for n in lengths])
@@ -160,14 +160,14 @@ def _decode_at_zero(layer, x, after=None):
     return np.concatenate([step(x[t:t + 1], 0 if after is None else t) for t in range(len(x))])
 
 
-# ------------------------------------------------------- 13.11 GQA: which K/V head, and cached how
+# ------------------------------------------------------- 15.11 GQA: which K/V head, and cached how
 GROUPS = "query head i reads K/V head i // (h/g), its group's"
 GQA_CACHE = "a GQA cache holds the g K/V heads, not h copies"
 
 
 def check_gqa_prefill(fn) -> None:
-    """Exercise 13.11: ``gqa_prefill(layer, x)`` -> (out, (k_cache, v_cache))."""
-    ex, rng = "13.11", check_rng(911)
+    """Exercise 15.11: ``gqa_prefill(layer, x)`` -> (out, (k_cache, v_cache))."""
+    ex, rng = "15.11", check_rng(911)
     for lead, T, d_model, h, d_k, d_v, g in (((2,), 5, 16, 4, 4, 4, 2), ((), 4, 12, 6, 2, 3, 3),
                                              ((), 3, 8, 4, 2, 2, 1)):
         layer = MultiHeadAttention(d_model, h, d_k, d_v, n_kv_heads=g, rng=rng)
@@ -209,15 +209,15 @@ def _gqa(ex, fn, layer, x):
     compare(ex, out, layer(x, mask=causal_mask(T))[0], f"your output {label}", "(..., T, d_model)")
 
 
-# ------------------------------------------------------------------ 13.12 RoPE on the values
+# ------------------------------------------------------------------ 15.12 RoPE on the values
 SHIFT = ("relative positions only: with RoPE on q and k, shifting every position by the same "
          "amount changes nothing")
 ORDER = "positions matter: spreading the same tokens further apart changes the scores"
 
 
 def check_rope_values(fn) -> None:
-    """Exercise 13.12: ``rope_attention(layer, x, positions)`` -> out (T, d_model), causal."""
-    ex, rng = "13.12", check_rng(912)
+    """Exercise 15.12: ``rope_attention(layer, x, positions)`` -> out (T, d_model), causal."""
+    ex, rng = "15.12", check_rng(912)
     for layer, positions in ((MultiHeadAttention(12, 3, rope="half", rng=rng), [0, 1, 2, 3, 4]),
                              (MultiHeadAttention(16, 2, 6, 4, rope="interleaved", rng=rng),
                               [3, 4, 5, 9, 10, 11])):
@@ -258,13 +258,13 @@ def _rope(ex, fn, layer, x, positions):
             "against RoPE on q and k only", out, wrong)
 
 
-# ------------------------------------------------------------- 13.13 the sliding window, by one
+# ------------------------------------------------------------- 15.13 the sliding window, by one
 WINDOW = "a query sees exactly the last `window` tokens, itself included"
 
 
 def check_window_off_by_one(fn) -> None:
-    """Exercise 13.13: ``window_attention(q, k, v, window)`` -> (out, weights), T over T."""
-    ex, rng = "13.13", check_rng(913)
+    """Exercise 15.13: ``window_attention(q, k, v, window)`` -> (out, weights), T over T."""
+    ex, rng = "15.13", check_rng(913)
     for lead, T, window, d_k, d_v in (((2,), 7, 3, 4, 5), ((), 5, 1, 3, 2), ((), 4, 10, 2, 3)):
         q, k, v = (rng.normal(size=(*lead, T, d)) for d in (d_k, d_k, d_v))
         label = f"for T={T}, window={window}"
@@ -289,14 +289,14 @@ def check_window_off_by_one(fn) -> None:
                "buffer does")
 
 
-# --------------------------------------------------------- 13.14 MLA's cache: the RoPE key too
+# --------------------------------------------------------- 15.14 MLA's cache: the RoPE key too
 MEASURED = "the formula counts what a real latent cache holds"
 HEADS_FREE = "one latent and one RoPE key per token and layer, shared by all heads: no h in it"
 
 
 def check_mla_cache_formula(fn) -> None:
-    """Exercise 13.14: ``mla_cache_bytes_of(config, seq_len, batch=1, bytes_per_value=2)``."""
-    ex = "13.14"
+    """Exercise 15.14: ``mla_cache_bytes_of(config, seq_len, batch=1, bytes_per_value=2)``."""
+    ex = "15.14"
     tiny = {"num_hidden_layers": 3, "hidden_size": 32, "num_attention_heads": 4,
             "kv_lora_rank": 8, "qk_rope_head_dim": 4, "qk_nope_head_dim": 6, "v_head_dim": 5}
     layer = MultiHeadLatentAttention(32, 4, d_c=8, d_rope=4, d_k=6, d_v=5, rng=914)

@@ -1,7 +1,7 @@
-"""Checks for lesson 13's spot-the-bug drill: the generation bugs (13.16 to 13.18).
+"""Checks for lesson 15's spot-the-bug drill: the generation bugs (15.16 to 15.18).
 
 Taught with lesson 09 (``notebooks/09_tiny_gpt.ipynb``, §4: sampling and the KV cache) and
-drilled in ``notebooks/13_interview_drill.ipynb``. Each bug comes from a public report: a top-p
+drilled in ``notebooks/15_interview_drill.ipynb``. Each bug comes from a public report: a top-p
 filter that drops the token crossing the threshold, a temperature that cancels out because it
 divides the probabilities instead of the logits, and a decoding offset advanced by the prompt's
 length at every step. Like :mod:`mha_course.checks.drill.attention` and
@@ -56,7 +56,7 @@ def _distribution(ex, got, shape, label):
     return arr
 
 
-# ------------------------------------------------- 13.16 top-p drops the crossing token
+# ------------------------------------------------- 15.16 top-p drops the crossing token
 def _nucleus_variant(logits, p, rule):
     probs = softmax(logits)
     order = np.argsort(-probs, axis=-1, kind="stable")
@@ -75,8 +75,8 @@ def _nucleus_variant(logits, p, rule):
 
 
 def check_nucleus(fn) -> None:
-    """Exercise 13.16: ``nucleus_probs(logits, p)`` -> the distribution top-p samples from."""
-    ex, rng = "13.16", check_rng(1316)
+    """Exercise 15.16: ``nucleus_probs(logits, p)`` -> the distribution top-p samples from."""
+    ex, rng = "15.16", check_rng(1316)
     probes = [("for probabilities [0.4, 0.3, 0.2, 0.1] and p = 0.8",
                np.log(np.array([0.4, 0.3, 0.2, 0.1])), 0.8),
               ("for probabilities [0.5, 0.41, 0.09] and p = 0.9",
@@ -109,10 +109,10 @@ def check_nucleus(fn) -> None:
                "on one row, a confident row and a (2, 3, 9) batch")
 
 
-# ------------------------------------------------------ 13.17 temperature that cancels out
+# ------------------------------------------------------ 15.17 temperature that cancels out
 def check_temperature(fn) -> None:
-    """Exercise 13.17: ``sampling_probs(logits, temperature)`` -> softmax(logits / τ)."""
-    ex, rng = "13.17", check_rng(1317)
+    """Exercise 15.17: ``sampling_probs(logits, temperature)`` -> softmax(logits / τ)."""
+    ex, rng = "15.17", check_rng(1317)
     for shape in ((6,), (2, 4, 7)):
         logits = rng.normal(size=shape) * 2
         outs = {}
@@ -143,7 +143,7 @@ def check_temperature(fn) -> None:
                "entropy grows with τ")
 
 
-# ------------------------------------------- 13.18 a decoding offset advanced by the prompt
+# ------------------------------------------- 15.18 a decoding offset advanced by the prompt
 def _offset_decode(layer, x, n_prompt, rule):
     """The drill's loop with a given rule for advancing the offset (a known wrong fix)."""
     h, g = layer.h, layer.n_kv_heads
@@ -167,9 +167,9 @@ def _offset_decode(layer, x, n_prompt, rule):
 
 
 def check_decode_offset(fn) -> None:
-    """Exercise 13.18: ``cached_outputs(layer, x, n_prompt)``: prefill ``x[:n_prompt]``, then
+    """Exercise 15.18: ``cached_outputs(layer, x, n_prompt)``: prefill ``x[:n_prompt]``, then
     one position at a time over a cache; equal to the layer's causal forward."""
-    ex, rng = "13.18", check_rng(1318)
+    ex, rng = "15.18", check_rng(1318)
     for layer, T, n_prompt in (
             (MultiHeadAttention(16, 4, n_kv_heads=2, rope="half", rng=rng), 9, 4),
             (MultiHeadAttention(8, 2, 6, 5, rope="interleaved", rng=rng), 7, 3),

@@ -1,5 +1,5 @@
-"""Checks for lesson 13's spot-the-bug drill: attention across devices and packed
-rows (13.22 to 13.24), from ``notebooks/11_parallel_and_precision.ipynb``.
+"""Checks for lesson 15's spot-the-bug drill: attention across devices and packed
+rows (15.22 to 15.24), from ``notebooks/11_parallel_and_precision.ipynb``.
 
 A row-parallel output projection whose bias is added on every device, a packed row whose
 documents see each other, and a log-sum-exp merge fed a base-2 log-sum-exp. Like
@@ -34,9 +34,9 @@ MERGE = "merging two parts by their log-sum-exp equals attention over all the ke
 LSE_NATURAL = "the merged log-sum-exp is log Σ exp(score), in natural log"
 
 
-# ------------------------------------------------ 13.22 the bias of a row-parallel W_o
+# ------------------------------------------------ 15.22 the bias of a row-parallel W_o
 def _row_parallel(cluster, concat_shards, W_o_shards, b_o, how):
-    """The known wrong versions of 13.22, on the cluster."""
+    """The known wrong versions of 15.22, on the cluster."""
     partial = [c @ W for c, W in zip(concat_shards, W_o_shards, strict=True)]
     if how == "no_all_reduce":
         return [x + b_o for x in partial]
@@ -46,8 +46,8 @@ def _row_parallel(cluster, concat_shards, W_o_shards, b_o, how):
 
 
 def check_row_parallel_bias(fn) -> None:
-    """Exercise 13.22: ``row_parallel_out(cluster, concat_shards, W_o_shards, b_o)`` -> list."""
-    ex, rng = "13.22", check_rng(1324)
+    """Exercise 15.22: ``row_parallel_out(cluster, concat_shards, W_o_shards, b_o)`` -> list."""
+    ex, rng = "15.22", check_rng(1324)
     for p, T, d_model, d_head in ((2, 3, 5, 4), (4, 4, 6, 2), (3, 2, 7, 3)):
         concat = rng.normal(size=(T, p * d_head))  # every head's output, side by side
         W_o = rng.normal(size=(p * d_head, d_model))
@@ -87,7 +87,7 @@ def check_row_parallel_bias(fn) -> None:
                "concat @ W_o + b_o")
 
 
-# --------------------------------------- 13.23 packed documents: the mask and the positions
+# --------------------------------------- 15.23 packed documents: the mask and the positions
 def _alone(layer, x, lengths):
     cu = np.concatenate([[0], np.cumsum(lengths)])
     pe = sinusoidal_positions(max(lengths), layer.d_model)
@@ -104,8 +104,8 @@ def _packed_variant(layer, x, lengths, reset_positions, block_mask):
 
 
 def check_packed_documents(fn) -> None:
-    """Exercise 13.23: ``packed_forward(layer, x, lengths)`` -> (total, d_model)."""
-    ex, rng = "13.23", check_rng(1325)
+    """Exercise 15.23: ``packed_forward(layer, x, lengths)`` -> (total, d_model)."""
+    ex, rng = "15.23", check_rng(1325)
     for d_model, h, lengths in ((8, 2, [3, 5, 2]), (12, 3, [4, 1, 6, 3]), (6, 1, [7])):
         layer = MultiHeadAttention(d_model, h, rng=rng)
         x = rng.normal(size=(sum(lengths), d_model))
@@ -141,7 +141,7 @@ def check_packed_documents(fn) -> None:
                "to itself alone, positions from 0")
 
 
-# --------------------------------------------- 13.24 a log-sum-exp merge, and its base
+# --------------------------------------------- 15.24 a log-sum-exp merge, and its base
 LN2 = math.log(2.0)
 
 
@@ -163,8 +163,8 @@ def _parts(rng, T, S, d, split, empty_row=False, gap=0.0):
 
 
 def check_lse_merge(fn) -> None:
-    """Exercise 13.24: ``merge(out_a, lse2_a, out_b, lse2_b)`` -> (out, lse), lse natural."""
-    ex, rng = "13.24", check_rng(1326)
+    """Exercise 15.24: ``merge(out_a, lse2_a, out_b, lse2_b)`` -> (out, lse), lse natural."""
+    ex, rng = "15.24", check_rng(1326)
     for T, S, d, split, empty, gap in ((3, 7, 4, 3, False, 0.0), (4, 9, 5, 5, True, 0.0),
                                        (2, 6, 3, 2, False, 3000.0)):
         args, (want, want_lse) = _parts(rng, T, S, d, split, empty, gap)

@@ -1,4 +1,4 @@
-"""Checks for lesson 13's spot-the-bug drill: the serving bugs (13.19 to 13.21).
+"""Checks for lesson 15's spot-the-bug drill: the serving bugs (15.19 to 15.21).
 
 Taught with ``notebooks/10_serving.ipynb``. A prefix cache whose keys forget the prefix, a
 speculative decoder that does not roll its target's cache back, and a speculative sampler that
@@ -29,7 +29,7 @@ SPEC_SAMPLE = "speculative sampling emits the target's distribution exactly"
 DIST = "what a rejection draws from is a distribution: non-negative, summing to 1"
 
 
-# --------------------------------------------------------------- 13.19 keys that forget
+# --------------------------------------------------------------- 15.19 keys that forget
 class _LongestKeyCache:
     """A prefix cache that finds a prompt's longest cached prefix by the key of its last block:
     ``index[key of block i] = the blocks 0..i`` (a key must stand for the whole prefix)."""
@@ -70,8 +70,8 @@ def _indexed(tokens, block_size):
 
 
 def check_prefix_keys(fn) -> None:
-    """Exercise 13.19: ``block_keys(tokens, block_size)`` -> one hashable key per full block."""
-    ex = "13.19"
+    """Exercise 15.19: ``block_keys(tokens, block_size)`` -> one hashable key per full block."""
+    ex = "15.19"
     dec = Decoder.random(vocab=13, d_model=16, n_layers=2, h=4, n_kv_heads=2, rng=1320)
 
     def keys_of(tokens, block_size):
@@ -144,7 +144,7 @@ def _same_pattern(mine, other, prompts, bs) -> bool:
     return all((a[i][x] == a[j][y]) == (b[i][x] == b[j][y]) for i, x, j, y in pairs)
 
 
-# ------------------------------------------------------------ 13.20 the target's rollback
+# ------------------------------------------------------------ 15.20 the target's rollback
 def _speculative(target, draft, prompt, n_new, k, keep=lambda n, a: n + 1 + a):
     """Greedy speculative decoding whose target cache keeps ``keep(n, a)`` positions after a
     round (right: n + 1 + a; the wrong fixes below)."""
@@ -175,8 +175,8 @@ def _speculative(target, draft, prompt, n_new, k, keep=lambda n, a: n + 1 + a):
 
 
 def check_speculative_rollback(fn) -> None:
-    """Exercise 13.20: ``speculative_greedy(target, draft, prompt, n_new, k)`` -> list of ints."""
-    ex = "13.20"
+    """Exercise 15.20: ``speculative_greedy(target, draft, prompt, n_new, k)`` -> list of ints."""
+    ex = "15.20"
     rng = check_rng(1321)
     target, draft = (Decoder.random(vocab=11, d_model=16, n_layers=2, h=4, n_kv_heads=2,
                                     rng=1321) for _ in range(2))
@@ -212,10 +212,10 @@ def check_speculative_rollback(fn) -> None:
                "identical to the target's, for k = 3, 2, 5")
 
 
-# ----------------------------------------------------------- 13.21 the rejection's residual
+# ----------------------------------------------------------- 15.21 the rejection's residual
 def check_speculative_residual(fn) -> None:
-    """Exercise 13.21: ``verify_one(p, q, x)`` -> ``(accept_probability, replacement)``."""
-    ex = "13.21"
+    """Exercise 15.21: ``verify_one(p, q, x)`` -> ``(accept_probability, replacement)``."""
+    ex = "15.21"
     rng = check_rng(1322)
     for V in (3, 6, 11):
         for _ in range(2):

@@ -1,4 +1,4 @@
-"""The check of lesson 13's timed build (exercise 13.15): the interviewer, as a function.
+"""The check of lesson 15's timed build (exercise 15.15): the interviewer, as a function.
 
 The learner writes, from a blank cell and with NumPy only, ``build_attention(W_q, W_k, W_v,
 W_o, h)`` returning an object with ``forward(x, causal=True)``, ``new_cache()`` and
@@ -108,9 +108,9 @@ def _ask(ex, build, layer, x):
 
 
 def check_timed_build(build) -> None:
-    """Exercise 13.15: ``build_attention(W_q, W_k, W_v, W_o, h)`` -> forward / new_cache /
+    """Exercise 15.15: ``build_attention(W_q, W_k, W_v, W_o, h)`` -> forward / new_cache /
     decode_step, checked against MultiHeadAttention on three shapes, GQA optional."""
-    ex, rng = "13.15", check_rng(915)
+    ex, rng = "15.15", check_rng(915)
     shapes = (((2,), 5, 12, 3, 4, 4), ((), 6, 10, 2, 3, 5), ((2, 2), 3, 8, 4, 2, 3))
     for lead, T, d_model, h, d_k, d_v in shapes:
         layer = MultiHeadAttention(d_model, h, d_k, d_v, rng=rng)

@@ -124,46 +124,79 @@ def lesson_of(exercise: str) -> str:
     return exercise.split(".")[0]
 
 
-#: Lessons whose exercises moved to another lesson number, with why. In wave 3 the interview
-#: drill moved from lesson 09 to lesson 13 (so that it stays the course's last stop), and its
-#: exercises 09.1 to 09.15 became 13.1 to 13.15.
-MOVED_LESSONS = {"09": ("13", "the interview drill moved from lesson 09 to lesson 13")}
+#: Exercise ids that moved, wave by wave, oldest first: ``(lessons, ids, why)``. ``lessons`` maps
+#: an old lesson number to its new one (every ``09.N`` became ``13.N``), ``ids`` maps single
+#: ids. An old id is followed through every later wave, so a wave-2 drill id ``09.3`` is now
+#: ``15.3``. In wave 3 the interview drill moved from lesson 09 to lesson 13 (so that it stays
+#: the course's last stop); in wave 4 lesson 11 split into devices (11) and precision (12), the
+#: attention block of 2025 became lesson 13 and the drill lesson 15 (after the rapid questions,
+#: lesson 14).
+ID_MOVES = (
+    ({"09": "13"}, {}, "the interview drill moved from lesson 09 to lesson 13"),
+    ({"13": "15", "12": "13"}, {"11.5": "12.1"},
+     "wave 4: the drill is lesson 15, the 2025 block 13, precision 12"),
+)
+
+#: Lesson numbers whose whole exercise notebook moved: ``{old: (new, why)}``, every wave
+#: followed (lesson 09's drill is lesson 15's now, though 09 is the tiny GPT's number again).
+MOVED_LESSONS = {"09": ("15", "the interview drill moved from lesson 09 to lesson 13, then 15"),
+                 "12": ("13", ID_MOVES[1][2]), "13": ("15", ID_MOVES[1][2])}
+
+
+def _moves(exercise: str) -> tuple[str, list[str]]:
+    lesson, _, number = exercise.partition(".")
+    current, why = exercise, []
+    for lessons, ids, reason in ID_MOVES:
+        lesson, _, number = current.partition(".")
+        new = ids.get(current) or (f"{lessons[lesson]}.{number}" if lesson in lessons and number
+                                   else current)
+        if new != current:
+            current = new
+            why.append(reason)
+    return current, why
 
 
 def moved_id(exercise: str) -> str | None:
-    """Where an exercise of a moved lesson lives now, or None.
+    """Where an exercise id of an earlier wave lives now, or None.
 
     >>> moved_id("09.3")
-    '13.3'
+    '15.3'
+    >>> moved_id("12.2"), moved_id("11.5"), moved_id("13.4")
+    ('13.2', '12.1', '15.4')
     >>> moved_id("03.2") is None
     True
     """
-    lesson, _, number = exercise.partition(".")
-    if lesson in MOVED_LESSONS and number:
-        return f"{MOVED_LESSONS[lesson][0]}.{number}"
-    return None
+    new, _ = _moves(exercise)
+    return None if new == exercise else new
+
+
+def moved_why(exercise: str) -> str:
+    """Why an old id moved (the waves' reasons joined), or "" when it did not."""
+    return "; then ".join(_moves(exercise)[1])
 
 
 def moved_message(exercise: str, known) -> str | None:
     """One line for an id that a saved command may still use from before a lesson moved.
 
-    For an id that no longer exists: "09.3 is now 13.3 (...)". For an id that exists again
-    in the lesson's new content, a note that it names a different exercise than it used to.
+    For an id that no longer exists: "12.3 is now 13.3 (...)". For an id that exists again
+    in a lesson's new content, a note that it names a different exercise than it used to.
     None when the id never moved or its new home does not exist.
 
-    >>> moved_message("09.3", ["13.3"])
-    '09.3 is now 13.3 (the interview drill moved from lesson 09 to lesson 13): pass 13.3'
-    >>> moved_message("09.3", ["09.3", "13.3"])
-    'note: 09.3 is an exercise of the new lesson 09; the drill exercise that was 09.3 is now 13.3'
+    >>> moved_message("12.3", ["13.3"])
+    '12.3 is now 13.3 (wave 4: the drill is lesson 15, the 2025 block 13, precision 12): pass 13.3'
+    >>> moved_message("09.3", ["15.3"]).split(": pass")[0].split(" (")[0]
+    '09.3 is now 15.3'
+    >>> moved_message("13.3", ["13.3", "15.3"])
+    'note: 13.3 is an exercise of lesson 13 now; the exercise that was 13.3 before is now 15.3'
     """
     new = moved_id(exercise)
     if new is None or new not in known:
         return None
     lesson = lesson_of(exercise)
     if exercise in known:
-        return (f"note: {exercise} is an exercise of the new lesson {lesson}; the drill exercise "
-                f"that was {exercise} is now {new}")
-    return f"{exercise} is now {new} ({MOVED_LESSONS[lesson][1]}): pass {new}"
+        return (f"note: {exercise} is an exercise of lesson {lesson} now; the exercise that was "
+                f"{exercise} before is now {new}")
+    return f"{exercise} is now {new} ({moved_why(exercise)}): pass {new}"
 
 
 def id_key(exercise: str) -> tuple[int, int]:

@@ -32,7 +32,6 @@ from ..authoring.generate import load_solutions, stub_source
 from ..authoring.notebooks import (
     ID_RE,
     LESSON_RE,
-    MOVED_LESSONS,
     CellRole,
     ExerciseError,
     defined_names,
@@ -41,6 +40,7 @@ from ..authoring.notebooks import (
     is_stub,
     lesson_of,
     moved_id,
+    moved_why,
     nb_info,
     sort_ids,
 )
@@ -140,8 +140,7 @@ def normalised(source: str) -> str:
 def _moved_note(exercise, hit) -> str:
     if not (isinstance(exercise, str) and ID_RE.match(exercise)) or exercise == hit:
         return ""
-    moved = MOVED_LESSONS.get(lesson_of(exercise))
-    why = f" ({moved[1]})" if moved and moved_id(exercise) == hit else ""
+    why = f" ({moved_why(exercise)})" if moved_id(exercise) == hit else ""
     return (f"your notebook's Exercise {exercise} was graded as Exercise {hit}{why}: its cells "
             "call and define what that exercise checks")
 
@@ -151,9 +150,9 @@ def _by_name(cell, role, exercise, catalog, solution_exercises):
 
     A cell that calls an assigned exercise's check is that exercise's check cell, one that
     defines its function is its answer, whatever its metadata says or lacks (an editor dropped
-    it; an old drill id 09.N is graded as 13.N, with a note). A cell whose metadata names an
-    exercise the assignment does not have, and that matches none of the assigned ones, is
-    "extra": it is not run.
+    it; an old id such as the drill's 13.N is graded as 15.N, with a note). A cell whose
+    metadata names an exercise the assignment does not have, and that matches none of the
+    assigned ones, is "extra": it is not run.
     """
     if not catalog:
         return role, exercise, ""

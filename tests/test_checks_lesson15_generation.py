@@ -1,7 +1,7 @@
-"""Lesson 13's drill, the generation bugs from lesson 09 (13.16 to 13.18,
+"""Lesson 15's drill, the generation bugs from lesson 09 (15.16 to 15.18,
 :mod:`mha_course.checks.drill.generation`): each named wrong fix is recognised.
 
-The broken functions and the solutions come from ``solutions/13_interview_drill.ipynb``
+The broken functions and the solutions come from ``solutions/15_interview_drill.ipynb``
 through ``tests/drill_cells.py``; the drill's contract (each broken function fails naming
 the property it breaks, each solution passes, the stub is "not attempted") is tested once,
 over all 26 exercises, by ``tests/test_checks_drill.py``.

@@ -1,7 +1,7 @@
-"""Checks for the exercises of lesson 12, the attention block of 2025
-(``solutions/12_attention_2025.ipynb``).
+"""Checks for the exercises of lesson 13, the attention block of 2025
+(``solutions/13_attention_2025.ipynb``).
 
-The lesson is ``notebooks/12_attention_2025.ipynb``; each ``check_*`` is called by an exercise's
+The lesson is ``notebooks/13_attention_2025.ipynb``; each ``check_*`` is called by an exercise's
 check cell (see :mod:`mha_course.checks`). The references come from the package at check time:
 :func:`mha_course.variants.logit_control.soft_cap`,
 :func:`mha_course.variants.logit_control.qk_norm`,
@@ -32,11 +32,11 @@ def _masks(rng, T, S):
     return [causal_mask(T, S), random]
 
 
-# ---------------------------------------------------------------------------------- 12.1
+# ---------------------------------------------------------------------------------- 13.1
 def check_capped_weights(fn) -> None:
-    """Exercise 12.1: ``capped_weights(scores, mask, cap)``: the softmax weights of soft-capped,
+    """Exercise 13.1: ``capped_weights(scores, mask, cap)``: the softmax weights of soft-capped,
     masked scores, the cap applied before the mask."""
-    ex = "12.1"
+    ex = "13.1"
     rng = check_rng(1201)
     for shape, cap in (((2, 3, 4, 6), 5.0), ((5, 7), 50.0), ((3, 2, 9), 1.5)):
         for mask in _masks(rng, *shape[-2:]):
@@ -68,11 +68,11 @@ def _capped_case(ex, fn, scores, mask, cap):
             ])
 
 
-# ---------------------------------------------------------------------------------- 12.2
+# ---------------------------------------------------------------------------------- 13.2
 def check_sink_softmax(fn) -> None:
-    """Exercise 12.2: ``sink_softmax(scores, sinks)``: weights of (..., h, T, S) scores with one
+    """Exercise 13.2: ``sink_softmax(scores, sinks)``: weights of (..., h, T, S) scores with one
     learned sink logit per head in the denominator only."""
-    ex = "12.2"
+    ex = "13.2"
     rng = check_rng(1202)
     for shape in ((2, 3, 4, 5), (4, 6, 3), (1, 2, 7, 7)):
         _sink_case(ex, fn, rng.normal(scale=2.0, size=shape), rng.normal(scale=1.5,
@@ -105,11 +105,11 @@ def _sink_case(ex, fn, scores, sinks):
             ])
 
 
-# ---------------------------------------------------------------------------------- 12.3
+# ---------------------------------------------------------------------------------- 13.3
 def check_qk_norm_fused(fn) -> None:
-    """Exercise 12.3: ``qk_norm_fused(x, h, gain, eps)``: per-head RMSNorm of a fused
+    """Exercise 13.3: ``qk_norm_fused(x, h, gain, eps)``: per-head RMSNorm of a fused
     (..., T, h·d_k) projection, returned fused."""
-    ex = "12.3"
+    ex = "13.3"
     rng = check_rng(1203)
     for shape, h in (((2, 5, 12), 3), ((7, 8), 2), ((2, 3, 4, 20), 5)):
         d_k = shape[-1] // h
@@ -145,11 +145,11 @@ def _qk_case(ex, fn, x, h, gain, eps):
             ])
 
 
-# ---------------------------------------------------------------------------------- 12.4
+# ---------------------------------------------------------------------------------- 13.4
 def check_delta_write(fn) -> None:
-    """Exercise 12.4: ``delta_write(S, k, v, beta)``: one write of the delta rule to a
+    """Exercise 13.4: ``delta_write(S, k, v, beta)``: one write of the delta rule to a
     (d_k, d_v) state, k already of unit length."""
-    ex = "12.4"
+    ex = "13.4"
     rng = check_rng(1204)
     for d_k, d_v, beta in ((5, 5, 0.25), (4, 6, 1.0), (7, 3, 0.5)):
         k = rng.normal(size=d_k)

@@ -1,7 +1,7 @@
-"""Lesson 13's drill, attention across devices and packed rows from lesson 11 (13.22 to
-13.24, :mod:`mha_course.checks.drill.parallel`): each known wrong fix is named.
+"""Lesson 15's drill, attention across devices and packed rows from lesson 11 (15.22 to
+15.24, :mod:`mha_course.checks.drill.parallel`): each known wrong fix is named.
 
-The broken functions and the solutions come from ``solutions/13_interview_drill.ipynb``
+The broken functions and the solutions come from ``solutions/15_interview_drill.ipynb``
 through ``tests/drill_cells.py``; the drill's contract (each broken function fails naming
 the property it breaks, each solution passes, the stub is "not attempted") is tested once,
 over all 26 exercises, by ``tests/test_checks_drill.py``.

@@ -1,7 +1,7 @@
-"""Lesson 13's drill, the serving bugs from lesson 10 (13.19 to 13.21,
+"""Lesson 15's drill, the serving bugs from lesson 10 (15.19 to 15.21,
 :mod:`mha_course.checks.drill.serving`): a fix that hides the symptom still fails, named.
 
-The broken functions and the solutions come from ``solutions/13_interview_drill.ipynb``
+The broken functions and the solutions come from ``solutions/15_interview_drill.ipynb``
 through ``tests/drill_cells.py``; the drill's contract (each broken function fails naming
 the property it breaks, each solution passes, the stub is "not attempted") is tested once,
 over all 26 exercises, by ``tests/test_checks_drill.py``.
@@ -60,16 +60,16 @@ def verify_unnormalised(p, q, x):
 
 
 WRONG_FIXES = [
-    ("13.19", keys_with_the_index, drill.serving.PREFIX, "vllm-project/vllm PR #12603"),
-    ("13.19", keys_of_partial_blocks_too, drill.serving.FULL, "only the full blocks"),
-    ("13.19", keys_never_equal, drill.serving.HITS, None),
-    ("13.20", functools.partial(_speculative, keep=lambda n, a: n + a),
+    ("15.19", keys_with_the_index, drill.serving.PREFIX, "vllm-project/vllm PR #12603"),
+    ("15.19", keys_of_partial_blocks_too, drill.serving.FULL, "only the full blocks"),
+    ("15.19", keys_never_equal, drill.serving.HITS, None),
+    ("15.20", functools.partial(_speculative, keep=lambda n, a: n + a),
      drill.serving.SPEC_GREEDY, "lablup/mlxcel#994"),
-    ("13.20", functools.partial(_speculative, keep=lambda n, a: 0), drill.serving.SPEC_GREEDY,
+    ("15.20", functools.partial(_speculative, keep=lambda n, a: 0), drill.serving.SPEC_GREEDY,
      "paiml/aprender PR #2014"),
-    ("13.21", verify_from_p, drill.serving.SPEC_SAMPLE, "SafeAILab/EAGLE#329"),
-    ("13.21", verify_adjusting_one_token, drill.serving.SPEC_SAMPLE, "SafeAILab/EAGLE#20"),
-    ("13.21", verify_unnormalised, drill.serving.DIST, "normalise the residual"),
+    ("15.21", verify_from_p, drill.serving.SPEC_SAMPLE, "SafeAILab/EAGLE#329"),
+    ("15.21", verify_adjusting_one_token, drill.serving.SPEC_SAMPLE, "SafeAILab/EAGLE#20"),
+    ("15.21", verify_unnormalised, drill.serving.DIST, "normalise the residual"),
 ]
 
 

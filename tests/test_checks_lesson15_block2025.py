@@ -1,7 +1,7 @@
-"""Lesson 13's drill, the 2025 attention block from lesson 12 (13.25 and 13.26,
+"""Lesson 15's drill, the 2025 attention block from lesson 13 (15.25 and 15.26,
 :mod:`mha_course.checks.drill.block2025`): each named wrong fix is recognised.
 
-The broken functions and the solutions come from ``solutions/13_interview_drill.ipynb``
+The broken functions and the solutions come from ``solutions/15_interview_drill.ipynb``
 through ``tests/drill_cells.py``; the drill's contract (each broken function fails naming
 the property it breaks, each solution passes, the stub is "not attempted") is tested once,
 over all 26 exercises, by ``tests/test_checks_drill.py``.
