@@ -11,7 +11,8 @@ PORT   ?= 8888
 # `make nbval` runs them when torch imports, says it skipped them otherwise, and fails without
 # torch when MHA_COURSE_REQUIRE_TORCH=1 (CI).
 APPENDICES := $(wildcard notebooks/appendix_*.ipynb)
-NOTEBOOKS := $(filter-out $(APPENDICES),$(wildcard notebooks/*.ipynb)) $(wildcard solutions/*.ipynb)
+NOTEBOOKS := $(filter-out $(APPENDICES),$(wildcard notebooks/*.ipynb)) \
+    $(wildcard notebooks/deep_dives/*.ipynb) $(wildcard solutions/*.ipynb)
 NBVAL := -m pytest --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg \
     -p no:cacheprovider
 

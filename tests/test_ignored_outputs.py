@@ -1,4 +1,5 @@
-"""The cells of lessons 03, 04, 08 and 15 whose output nbval ignores still check what they show.
+"""The cells of every lesson, deep dive and solution whose output nbval ignores still check what
+they show.
 
 A timing or a live widget cannot be compared by nbval, so a wrong output could be saved again and
 again (review W4, issue 27). Each such cell of these lessons asserts the sanity of what it prints
@@ -17,9 +18,10 @@ import numpy as np
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-NOTEBOOKS = ["notebooks/03_single_head_attention.ipynb", "notebooks/04_multi_head_attention.ipynb",
-             "notebooks/08_learning.ipynb", "notebooks/15_interview_drill.ipynb",
-             "solutions/15_interview_drill.ipynb"]
+NOTEBOOKS = sorted(p.relative_to(ROOT).as_posix()
+                   for folder in ("notebooks", "notebooks/deep_dives", "solutions")
+                   for p in (ROOT / folder).glob("*.ipynb")
+                   if p.name != "app.ipynb")  # the app's page: tests/browser/test_app.py
 
 
 def _ignored_cells(path):

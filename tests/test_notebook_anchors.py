@@ -20,11 +20,12 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted(
     p.relative_to(ROOT).as_posix()
-    for folder in ("notebooks", "solutions", "exercises")
+    for folder in ("notebooks", "notebooks/deep_dives", "solutions", "exercises")
     for p in (ROOT / folder).glob("*.ipynb")
 )
 ANCHORED_LINK = re.compile(
-    r"\]\(((?:\.\./)?(?:notebooks/|exercises/|solutions/)?\d\d_\w+\.ipynb)#([^)\s]+)\)")
+    r"\]\(((?:\.\./){0,2}(?:notebooks/|exercises/|solutions/)?(?:deep_dives/)?\d\d[a-z]?_\w+\.ipynb)"
+    r"#([^)\s]+)\)")
 HEADING = re.compile(r"^ {0,3}#{1,6}\s+(.+?)\s*#*\s*$", re.MULTILINE)
 
 

@@ -20,7 +20,7 @@ from mha_course.grading.authoring.tidy import problems
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted(
     p.relative_to(ROOT).as_posix()
-    for folder in ("notebooks", "solutions", "exercises")
+    for folder in ("notebooks", "notebooks/deep_dives", "solutions", "exercises")
     for p in (ROOT / folder).glob("*.ipynb")
 )
 
@@ -39,8 +39,9 @@ def test_lessons_and_solutions_were_run_top_to_bottom(path):
         f"{path}: execution counts {counts[:8]}...; re-run it with `make notebook NB={path}`")
 
 
-# notebooks/ holds the numbered lessons and the app's notebook (app.ipynb, served by `make app`):
-# both keep their ignored outputs few; only lessons link exercises.
+# notebooks/ holds the numbered lessons, their deep dives (notebooks/deep_dives/) and the app's
+# notebook (app.ipynb, served by `make app`): all keep their ignored outputs few; only lessons link
+# exercises.
 IN_NOTEBOOKS = [p for p in NOTEBOOKS if p.startswith("notebooks/")]
 LESSONS = [p for p in IN_NOTEBOOKS if re.fullmatch(r"notebooks/\d\d_\w+\.ipynb", p)]
 MAX_IGNORED_OUTPUTS = 3  # timings and live widget views only
@@ -89,7 +90,8 @@ def test_make_lint_runs_ruff_on_the_notebooks_too():
 
 
 LINK = re.compile(
-    r"\]\(((?:\.\./)?(?:notebooks/|exercises/|solutions/)?\d\d_\w+\.ipynb)(?:#[^)]*)?\)")
+    r"\]\(((?:\.\./){0,2}(?:notebooks/|exercises/|solutions/)?(?:deep_dives/)?\d\d[a-z]?_\w+\.ipynb)"
+    r"(?:#[^)]*)?\)")
 
 
 def _links(text: str) -> list[str]:
