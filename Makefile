@@ -23,7 +23,7 @@ help:
 	@echo "make lab    set up .venv and open the course in JupyterLab (127.0.0.1, token auth)"
 	@echo "make app    the four widgets on one page, for a projector (Voila; Ctrl-C stops it)"
 	@echo "make test   set up .venv with the test extras and run every test"
-	@echo "make check EX=03   check your exercises/03_*.ipynb against the solutions"
+	@echo "make check EX=03   check your my-work/exercises/03_*.ipynb against the solutions"
 	@echo "make exercises     regenerate exercises/ from solutions/"
 	@echo "make assign IDS=\"3.1 3.2 4.5\" OUT=hw1.ipynb [TITLE=... DUE=2025-03-14 POINTS=04.5=4 FORCE=1]"
 	@echo "make grade SUBMISSIONS=folder ASSIGNMENT=hw1.assignment.json [CSV=grades.csv FEEDBACK=dir]"
@@ -46,9 +46,13 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -e '.[test]'
 	touch $@
 
+# JupyterLab opens my-work/, the learner's own copies of the lessons and exercises (made and kept
+# up to date by `python -m mha_course workspace`, which never overwrites a copy you changed), so
+# that what you run and save never conflicts with `git pull`.
 lab: $(VENV)/.installed
+	$(BIN)/python -m mha_course workspace
 	$(BIN)/jupyter lab --ip=127.0.0.1 --port=$(PORT) $(ROOT_FLAG) \
-	    --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/notebooks
+	    --ServerApp.root_dir="$(CURDIR)/my-work" --LabApp.default_url=/lab/tree/notebooks
 
 # The instructors' app: notebooks/app.ipynb served by Voila without its code cells, the four widgets
 # in tabs. mha_course/widgets/voila_app holds Voila's settings (voila.json: 127.0.0.1 only, no

@@ -24,6 +24,8 @@ Sub-wings by job, each module importing only modules before it in this order (an
 - ``export``: ``common`` (what the exports share: the assignment, a wheel of the course,
   files), ``to_nbgrader`` (an nbgrader source assignment) and ``to_gradescope`` (an autograder
   zip that grades with the course's own checker);
+- ``workspace``: the learner's copies in ``my-work/``, which ``make lab`` opens (imports nothing
+  of the course);
 - ``cli``: the command line (``mha_course/__main__.py`` and the ``mha-course`` script).
 
 ``references/`` holds the data ``generate`` writes for the learner's self-check.

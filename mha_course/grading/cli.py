@@ -11,6 +11,8 @@
 - ``assign``: bundle chosen exercises into one assignment notebook and its
   ``.assignment.json`` (``--list`` shows every exercise).
 - ``tidy``: notebook hygiene for maintainers (``make notebook NB=...`` runs it after executing).
+- ``workspace``: the learner's copies in ``my-work/`` (``make lab`` runs it first; see
+  :mod:`mha_course.grading.workspace`).
 
 Exit codes of ``check`` on notebooks (a learner's own check): 0 every exercise passed; 1 some
 exercise did not pass; 2 a usage error, or a missing, broken or foreign notebook.
@@ -79,6 +81,7 @@ from .running.limits import (
 )
 from .running.outputs import backup, free_name, plan_outputs
 from .running.run import DEFAULT_TIMEOUT, stop_on_signals
+from .workspace import WORKSPACE, sync
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -190,7 +193,20 @@ def _parser() -> argparse.ArgumentParser:
     tdy.add_argument("paths", nargs="+", type=Path, metavar="NOTEBOOK")
     tdy.add_argument("--check", action="store_true",
                      help="write nothing; list what is untidy and exit 1 if anything is")
+    wsp = sub.add_parser("workspace", help="copy the course's notebooks into my-work/, never "
+                                           "overwriting your changes (make lab runs it)")
+    wsp.add_argument("--root", type=Path, help="the course's folder (default: this one)")
     return parser
+
+
+def _workspace(args) -> int:
+    try:
+        lines = sync(args.root or course_root())
+    except (OSError, ValueError) as exc:
+        raise ExerciseError(str(exc)) from None
+    for line in lines:
+        print(line)
+    return 0
 
 
 def _size_or_none(text: str) -> int | None:
@@ -236,6 +252,9 @@ def _generate(args) -> int:
 def lesson_notebook(value: str, root: Path | None = None) -> Path:
     """``exercises/NN_*.ipynb`` for ``make check EX=NN`` ("3" means "03"); else list the lessons.
 
+    The learner's copy ``my-work/exercises/NN_*.ipynb`` (what ``make lab`` opens) comes first;
+    the course's ``exercises/`` is used when there is no such copy.
+
     Raises
     ------
     ExerciseError
@@ -245,6 +264,13 @@ def lesson_notebook(value: str, root: Path | None = None) -> Path:
     lessons = sorted(p.name[:2] for p in folder.glob("[0-9][0-9]_*.ipynb"))
     value = value.strip()
     wanted = value.zfill(2) if value.isdigit() and len(value) <= 2 else value
+    mine = folder.parent / WORKSPACE / "exercises"
+    if re.fullmatch(r"\d\d", wanted):
+        copies = sorted(mine.glob(f"{wanted}_*.ipynb"))
+        course = {p.name for p in folder.glob(f"{wanted}_*.ipynb")}
+        copies = [p for p in copies if p.name in course] or copies
+        if len(copies) == 1:
+            return copies[0]
     matches = sorted(folder.glob(f"{wanted}_*.ipynb")) if re.fullmatch(r"\d\d", wanted) else []
     if len(matches) == 1:
         return matches[0]
@@ -487,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         commands = {"generate": _generate, "check": _check, "assign": _assign, "tidy": _tidy,
-                    "export": _export}
+                    "export": _export, "workspace": _workspace}
         return commands[args.command](args)
     except ExerciseError as exc:
         print(f"error: {exc}", file=sys.stderr)
