@@ -148,8 +148,8 @@ def test_each_core_module_names_the_lesson_that_teaches_it(module):
 
 
 def package_map() -> dict[str, tuple[str, list[str]]]:
-    """README's "Map of the package": {path: (lesson, [test files])}."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    """The maintainer's "Map of the package" (docs/maintainers.md): {path: (lesson, [tests])}."""
+    text = (ROOT / "docs" / "maintainers.md").read_text(encoding="utf-8")
     section = text.split("### Map of the package", 1)[1].split("\n## ", 1)[0]
     rows = {}
     for line in section.splitlines():
@@ -163,7 +163,7 @@ def package_map() -> dict[str, tuple[str, list[str]]]:
 #: wings after it in this list, never one before it (the top level, "", is the attention itself).
 WINGS = ["widgets", "grading", "checks", "models", "serving", "parallel", "variants", "kernels",
          ""]
-#: Wings mapped module by module in the README; the others appear as one row each.
+#: Wings mapped module by module in the maintainer's map; the others appear as one row each.
 MAPPED_WINGS = ["models", "serving", "widgets", "parallel", "variants", "kernels"]
 
 
@@ -259,7 +259,7 @@ def lesson_named(doc: str) -> str:
 
 def test_readme_map_lists_every_module_with_its_lesson_and_tests():
     rows, units = package_map(), package_units()
-    assert sorted(rows) == sorted(units), "README's map and the package's modules differ"
+    assert sorted(rows) == sorted(units), "the maintainer's map and the package's modules differ"
     for path, (lesson, tests) in rows.items():
         doc = units[path].read_text(encoding="utf-8").split('"""')[1]
         if path.endswith("/"):  # checks/ and grading/ serve every lesson
@@ -272,7 +272,7 @@ def test_readme_map_lists_every_module_with_its_lesson_and_tests():
             assert (ROOT / "notebooks" / named).is_file(), f"{path}: its lesson {named} is missing"
         elif not path.endswith("/"):
             raise AssertionError(f"{path}: its docstring names no lesson")
-        assert tests, f"{path}: no test file in README's map"
+        assert tests, f"{path}: no test file in the maintainer's map"
         for test in tests:
             assert (ROOT / "tests" / test).is_file(), f"{path}: {test} does not exist"
 

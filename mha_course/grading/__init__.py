@@ -30,5 +30,5 @@ Sub-wings by job, each module importing only modules before it in this order (an
 
 ``references/`` holds the data ``generate`` writes for the learner's self-check.
 
-The trust model (what is isolated, what is not) is in the README's "Trust model" section.
+The trust model (what is isolated, what is not) is in the "Trust model" of docs/instructors.md.
 """

@@ -114,8 +114,8 @@ def _parser() -> argparse.ArgumentParser:
     chk.add_argument("--jobs", type=int, default=1, metavar="N",
                      help="check N notebooks at a time (default 1)")
     chk.add_argument("--no-sandbox", action="store_true",
-                     help="run learners' code without the bubblewrap sandbox (see the README's "
-                          "trust model)")
+                     help="run learners' code without the bubblewrap sandbox (see the trust "
+                          "model in docs/instructors.md)")
     chk.add_argument("--assignment", type=Path, metavar="FILE",
                      help="grade against this assignment (the .assignment.json `assign` wrote, "
                           "or its notebook): its exercises, its points; checks run in the "

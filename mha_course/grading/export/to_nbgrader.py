@@ -197,7 +197,8 @@ Total: {number(assignment.max_points)} points.
 An exercise's points are earned when its check cell passes; the check cells, the setup cell that
 imports the checks, and the task text are read-only and put back from `source/` when nbgrader
 grades, so a student cannot edit a check away. What nbgrader cannot stop (code in a student's
-answer replacing a check in memory) is in the course README's trust model; the course's own
+answer replacing a check in memory) is in the trust model of the course's
+docs/instructors.md; the course's own
 checker grades against the same assignment and runs the checks where a student's code cannot
 reach them:
 

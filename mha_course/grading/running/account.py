@@ -1,7 +1,8 @@
 """Protection without a sandbox: each kernel runs as a fresh unprivileged user of its own.
 
-Not taught in a lesson: part of the checker (see :mod:`mha_course.grading`; the README's "Trust
-model" says the same for instructors). Where bubblewrap is missing or forbidden (a Docker or
+Not taught in a lesson: part of the checker (see :mod:`mha_course.grading`; the
+"Trust model" of docs/instructors.md says the same for instructors).
+Where bubblewrap is missing or forbidden (a Docker or
 Gradescope container, whose default seccomp profile refuses the user namespaces it needs) the
 kernel still must not read the solutions or the assignment, nor write the instructor's files.
 When the checker runs as root, as Gradescope and Docker do, that holds by plain file

@@ -228,7 +228,7 @@ def package_snapshot(package_dir: str) -> Library:
 #: Exercises whose check cell still runs in the learner's kernel in grading mode, and why: the
 #: grader sends arguments by value, and these checks read what the learner's function did to an
 #: argument object (not an array) as it ran. Their verdicts are right, but they can be talked
-#: into passing as a learner's own check can (see the README's trust model).
+#: into passing as a learner's own check can (see the trust model in docs/instructors.md).
 IN_KERNEL = {
     "11.2": "its check reads the byte counters of the simulated devices the function sends "
             "through",

@@ -1,7 +1,8 @@
 """Limits on what one submission's kernel may use: memory, processes and disk (beside the time).
 
-Not taught in a lesson: part of the checker (see :mod:`mha_course.grading`; the README's "Trust
-model" says the same for instructors). Every kernel the checker starts gets the same
+Not taught in a lesson: part of the checker (see :mod:`mha_course.grading`; the
+"Trust model" of docs/instructors.md says the same for instructors).
+Every kernel the checker starts gets the same
 :class:`Limits` (``python -m mha_course check --memory 4G --processes 256 --disk 1G``); the
 cell timeout is the fourth limit. What enforces each one depends on the machine, and is found
 once per command (:func:`find_enforcement`):

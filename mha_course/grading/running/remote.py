@@ -1,7 +1,8 @@
 """The learner's side of grading mode: answering the grader's calls from inside the kernel.
 
 Not taught in a lesson: part of the checker's grading mode (``check --assignment``; see
-:mod:`mha_course.grading.running.grader` for the grader's side and the README's "Trust model"). In
+:mod:`mha_course.grading.running.grader` for the grader's side and the "Trust model" of
+docs/instructors.md). In
 grading mode a check never runs in the learner's kernel. The grader (the trusted pytest process
 of the run) runs it, and every time the check calls the learner's function, the grader asks the
 kernel to call it through :func:`serve`, which the grader starts in the kernel for each check

@@ -1,7 +1,8 @@
 """Isolation of a learner's code: private copies of the package, and the bubblewrap sandbox.
 
-Not taught in a lesson: part of the checker (see :mod:`mha_course.grading`; the README's "Trust
-model" says the same for instructors). Learner code runs in one process only, the notebook's
+Not taught in a lesson: part of the checker (see :mod:`mha_course.grading`; the
+"Trust model" of docs/instructors.md says the same for instructors).
+Learner code runs in one process only, the notebook's
 kernel, and each nbval run gets its own temporary folder (:class:`RunFolders`):
 
 - ``run/``: the notebook, pytest's files; the pytest process (trusted) works here. The kernel
@@ -50,11 +51,11 @@ KERNEL_MODULE = "mha_course.grading.running.kernel"
 SANDBOX_WORK = "/tmp/work"
 #: Shown once per command when learners' code runs without a sandbox (completed by the reason).
 UNSANDBOXED = ("learners' code runs WITHOUT a sandbox: {reason}; it can read and write whatever "
-               "you can (see the README's trust model)")
+               "you can (see the trust model in docs/instructors.md)")
 #: Shown instead when, without a sandbox, each kernel runs as a user of its own (root only).
 OWN_USER = ("learners' code runs without a sandbox ({reason}), each kernel as an unprivileged "
             "user of its own: it cannot read the solutions, the assignment or the submissions, "
-            "nor write your files (see the README's trust model)")
+            "nor write your files (see the trust model in docs/instructors.md)")
 #: The environment variable that turns the sandbox off (``off``), as ``--no-sandbox`` does.
 SANDBOX_ENV = "MHA_COURSE_SANDBOX"
 
