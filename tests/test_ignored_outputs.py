@@ -1,4 +1,4 @@
-"""The cells of lessons 03, 04, 08 and 13 whose output nbval ignores still check what they show.
+"""The cells of lessons 03, 04, 06, 08 and 13 whose output nbval ignores check what they show.
 
 A timing or a live widget cannot be compared by nbval, so a wrong output could be saved again and
 again (review W4, issue 27). Each such cell of these lessons asserts the sanity of what it prints
@@ -18,8 +18,8 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = ["notebooks/03_single_head_attention.ipynb", "notebooks/04_multi_head_attention.ipynb",
-             "notebooks/08_learning.ipynb", "notebooks/13_interview_drill.ipynb",
-             "solutions/13_interview_drill.ipynb"]
+             "notebooks/06_decoding.ipynb", "notebooks/08_learning.ipynb",
+             "notebooks/13_interview_drill.ipynb", "solutions/13_interview_drill.ipynb"]
 
 
 def _ignored_cells(path):
