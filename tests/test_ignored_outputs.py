@@ -48,6 +48,8 @@ def _asserts(cell):
 WIDGET_CELLS = {
     ("notebooks/04_multi_head_attention.ipynb", "explorer()"):
         "tests/test_explorer.py::test_lesson_04s_explorer_cell_shows_the_default_setting",
+    ("notebooks/deep_dives/06b_long_contexts_and_many_sequences.ipynb", "cache_memory_widget()"):
+        "tests/test_cache_memory.py::test_widget_controls_match_the_documented_interface",
     ("notebooks/07_flash_attention.ipynb", "tile_stepper()"):
         "tests/test_tile_stepper.py::test_widget_controls_and_first_picture",
 }
