@@ -253,7 +253,8 @@ def test_every_wing_says_what_lives_there_and_what_it_may_import():
 
 def lesson_named(doc: str) -> str:
     """The lesson a docstring names first ("03", "app"), or "—" when it names none."""
-    match = re.search(r"``notebooks/(\d\d)_\w+\.ipynb``|``notebooks/(app)\.ipynb``", doc)
+    match = re.search(r"``notebooks/(?:deep_dives/)?(\d\d)[a-z]?_\w+\.ipynb``"
+                      r"|``notebooks/(app)\.ipynb``", doc)
     return (match.group(1) or match.group(2)) if match else "—"
 
 
@@ -266,7 +267,7 @@ def test_readme_map_lists_every_module_with_its_lesson_and_tests():
             assert lesson in ("—", lesson_named(doc)), f"{path}: README says {lesson}"
         else:
             assert lesson_named(doc) == lesson, f"{path}: README says {lesson}"
-        match = re.search(r"``notebooks/(\d\d_\w+\.ipynb|app\.ipynb)``", doc)
+        match = re.search(r"``notebooks/((?:deep_dives/)?\d\d[a-z]?_\w+\.ipynb|app\.ipynb)``", doc)
         if match:
             named = match.group(1)
             assert (ROOT / "notebooks" / named).is_file(), f"{path}: its lesson {named} is missing"

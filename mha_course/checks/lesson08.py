@@ -345,7 +345,7 @@ def check_previous_token_score(fn) -> None:
 
 # ---------------------------------------------------------------------------------- 08.6
 def sink_attention_grads(q, k, v, b, grad_out, kind="right"):
-    """(dq, db) of one head with a learned sink logit ``b`` (gpt-oss, lesson 06 §8).
+    """(dq, db) of one head with a learned sink logit ``b`` (gpt-oss, deep dive 06b §2).
 
     weights = the first S entries of softmax([q kᵀ/√d_k, b]) row by row, out = weights @ v (the
     sink has no value); L with dL/dout = ``grad_out``. ``kind`` gives the known wrong versions
@@ -360,7 +360,7 @@ def sink_attention_grads(q, k, v, b, grad_out, kind="right"):
     e_sink = np.exp(b - m) if kind != "no_sink" else np.zeros(len(q))  # (T,)
     total = e.sum(axis=-1) + e_sink
     p, p_sink = e / total[:, None], e_sink / total  # (T, S), (T,): [p, p_sink] rows sum to 1
-    D = np.sum(grad_out * (p @ v), axis=-1)  # (T,): Σ_s p·dp = dO_t · out_t, as in §2.5
+    D = np.sum(grad_out * (p @ v), axis=-1)  # (T,): Σ_s p·dp = dO_t · out_t, as in deep dive 08a §4
     dscores = p * (grad_out @ v.T - D[:, None])  # the sink's own dp is 0: it has no value
     db = -p_sink * D  # (T,): the sink's score, through the same Jacobian
     db = {"db_sign": -db.sum(), "db_per_query": db}.get(kind, db.sum())

@@ -4,7 +4,7 @@ Taught in ``notebooks/09_tiny_gpt.ipynb``.
 
 :func:`train_gpt` draws ``batch_size`` random windows of the training ids at every step
 (:func:`~mha_course.models.corpus.random_windows`; with ``repeat_fraction`` a share of them
-repeat their first half, the induction probe of lesson 09 §6), takes the loss and gradients
+repeat their first half, the induction probe of deep dive 09a §5), takes the loss and gradients
 (the fast step of :mod:`mha_course.models.gpt_fast` by default, or the readable
 ``GPT.loss_and_grads``: the same numbers, tested), clips the gradients' global norm, and
 updates every parameter with lesson 08's :class:`~mha_course.models.train.Adam`. The learning

@@ -1,8 +1,8 @@
 """The low-rank bottleneck, fitted: what one head of width ``d_k`` can and cannot reproduce, and
 what ``h`` heads of that width can.
 
-Taught in ``notebooks/13_attention_2025.ipynb`` (lesson 04 §9 showed the bound and the SVD fit
-inline).
+Taught in ``notebooks/13_attention_2025.ipynb`` (deep dive 04a §3 of lesson 04 showed the bound
+and the SVD fit inline).
 
 A head's logits ``Q Kᵀ`` have rank at most ``d_k`` (Bhojanapalli et al. 2020), so the centred
 log-weights of one head are a rank-``d_k`` matrix: :func:`best_rank_fit` gives the closest one

@@ -222,7 +222,7 @@ class Decoder:
 
         One 2-d matrix product per weight for all ``B·T`` tokens, ``(B·T, d_model) @ W`` (a
         ``(B, T, d_model)`` array times ``W`` would run as ``B`` separate products, matrix-vector
-        ones at ``T = 1``), and one batched attention: the decode step whose time lesson 10 §1
+        ones at ``T = 1``), and one batched attention: the decode step whose time deep dive 10a §1
         measures against the batch size.
         """
         tokens = np.asarray(tokens)

@@ -1,10 +1,11 @@
 """A smaller cache by eviction: keep ``budget`` positions per layer and K/V head, drop the rest.
 
-Taught in ``notebooks/10_serving.ipynb`` (§6); lesson 06 §7–§8 introduced the window and the
+Taught in ``notebooks/deep_dives/10c_smaller_cache.ipynb`` (§2) of lesson 10; deep dive 06b §1–§2 of
+lesson 06 introduced the window and the
 sinks. :class:`EvictingCache` decodes token by token; after each token, a layer whose K/V head
 holds more than ``budget`` positions drops one, chosen by the policy:
 
-- ``"window"``: the oldest (a sliding window of ``budget``, lesson 06 §7);
+- ``"window"``: the oldest (a sliding window of ``budget``, deep dive 06b §1);
 - ``"sinks"``: the oldest after the first ``n_sinks`` (StreamingLLM, Xiao et al., ICLR 2024,
   with 4 sinks), and positions **inside the cache**: the kept keys are rotated at positions
   ``0 .. n-1`` in order and the query at ``n - 1``, not at their places in the text (the

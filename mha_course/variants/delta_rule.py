@@ -1,8 +1,8 @@
 """The delta rule: linear attention whose state overwrites instead of only adding (DeltaNet), and
 its gated form (Gated DeltaNet); recurrent and parallel forms.
 
-Taught in ``notebooks/13_attention_2025.ipynb`` (lesson 07 §11 introduced linear attention and
-its recall problem).
+Taught in ``notebooks/13_attention_2025.ipynb`` (deep dive 07b of lesson 07 introduced linear
+attention and its recall problem).
 
 Lesson 07's causal linear attention adds ``φ(k_t) v_tᵀ`` to a ``(d_k, d_v)`` state at every token,
 so old associations are never removed and every read returns a blend. The **delta rule**

@@ -1,6 +1,8 @@
 """Stretching RoPE's context: the frequencies of NTK-aware scaling, YaRN and Llama 3.1's rule.
 
-Taught in ``notebooks/05_layer_to_model.ipynb`` (§7b; Llama 3.1's rule is exercise 05.3).
+Taught in ``notebooks/05_layer_to_model.ipynb`` (§7, in brief) and its deep dive
+``notebooks/deep_dives/05b_stretching_the_context.ipynb`` (§2–§4; Llama 3.1's rule is exercise
+05.3).
 
 A model trained with RoPE on ``L`` positions turns feature pair ``j`` by ``p · θ_j`` with
 ``θ_j = base**(-2j/d)`` (:func:`~mha_course.positions.rope_angles`). Run at ``s·L`` positions,

@@ -19,7 +19,7 @@ vectors of unit variance each query and key entry then has variance 1 whatever `
 ``d_k`` are, so ``q·k / √d_k`` has variance 1 (lesson 03, §4): the sliders change the number and
 the width of the heads, not how peaked they are. The package's default (Xavier uniform on each
 matrix; PyTorch's ``nn.MultiheadAttention`` draws Xavier over its stacked ``in_proj_weight``
-instead, lesson 04 §10) has variance ``2 / (d_model + h·d_k)`` for ``W_q``, which shrinks as
+instead, deep dive 04a §5) has variance ``2 / (d_model + h·d_k)`` for ``W_q``, which shrinks as
 ``h·d_k`` grows and washes every head out to near-uniform weights when ``d_k`` is raised without
 holding ``d_model`` (``init="xavier"`` shows it).
 
