@@ -18,8 +18,9 @@ The package is in wings, and imports point down this list:
 - ``mha_course.serving`` (lesson 10: the decoder, paged and compressed caches, scheduling,
   speculative and split-KV decoding; lesson 09's sampling) and ``mha_course.parallel``
   (lesson 11: simulated devices and collectives, tensor, ring and Ulysses parallelism,
-  activation memory, packing, precision): attention as a server and a cluster run it; may
-  import the kernels and the attention (serving also the parallel wing's log-sum-exp merge);
+  activation memory, packing; lesson 12: precision): attention as a server and a cluster run
+  it; may import the kernels and the attention (serving also the parallel wing's log-sum-exp
+  merge);
 - ``mha_course.variants``: the attention of recent models (MLA, RoPE scaling, sinks, logit
   control, gated, sparse, linear attention and the delta rule, entropy); may import the top level;
 - ``mha_course.kernels`` (lesson 07): the same attention ordered for a machine, FlashAttention-2's

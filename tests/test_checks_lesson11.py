@@ -1,4 +1,5 @@
-"""The checks of lesson 11: each passes a right answer and names each classic wrong one.
+"""The checks of lesson 11 (attention across devices): each passes a right answer and names
+each classic wrong one.
 
 The generic contract (a right answer passes with one stable line, the stub's
 ``NotImplementedError`` passes through as "not attempted", ``None`` and an unexpected
@@ -14,7 +15,6 @@ from check_contract import CheckContract
 
 from mha_course import checks
 from mha_course.checks import CheckFailed, lesson11
-from mha_course.parallel.precision import round_to
 
 # ------------------------------------------------------------------ correct implementations
 
@@ -68,21 +68,11 @@ def _cu_from_positions(position_ids):
     return np.append(np.flatnonzero(np.asarray(position_ids) == 0), len(position_ids))
 
 
-def _stall(fmt, term, off=0):
-    acc, n = 0.0, 0
-    while True:
-        new = float(round_to(np.array([acc + term], dtype=np.float32), fmt)[0])
-        if new == acc:
-            return n + off
-        acc, n = new, n + 1
-
-
 CORRECT_11 = {
     "11.1": ("check_tp_layer_bytes", _tp_layer_bytes),
     "11.2": ("check_ring_all_reduce", _ring_all_reduce),
     "11.3": ("check_ring_work", _ring_work),
     "11.4": ("check_cu_seqlens_from_positions", _cu_from_positions),
-    "11.5": ("check_accumulator_stall", _stall),
 }
 
 
@@ -125,14 +115,6 @@ MISTAKES = [
      lambda pos: __import__("mha_course.parallel.packing", fromlist=["x"]).cu_seqlens(
          np.diff(_cu_from_positions(pos))),
      r"asks you to read the boundaries off the positions yourself"),
-    ("stall-plus-one", "check_accumulator_stall", lambda f, t: _stall(f, t, off=1),
-     r"you counted the addition that changed nothing"),
-    ("stall-minus-one", "check_accumulator_stall", lambda f, t: _stall(f, t, off=-1),
-     r"one too few"),
-    ("stall-mantissa", "check_accumulator_stall",
-     lambda f, t: 2 ** {"bfloat16": 7, "float16": 10, "float8_e4m3fn": 3,
-                        "float8_e5m2": 2}[f] if t == 1.0 else _stall(f, t),
-     r"2\*\*7 \(the fraction bits\)"),
 ]
 
 

@@ -53,6 +53,7 @@ from .lesson08 import *  # noqa: F403
 from .lesson09 import *  # noqa: F403
 from .lesson10 import *  # noqa: F403
 from .lesson11 import *  # noqa: F403
+from .lesson12 import *  # noqa: F403
 from .lesson13 import *  # noqa: F403
 
 __all__ = ["CheckFailed", *sorted(name for name in dir() if name.startswith("check_"))]

@@ -1,12 +1,12 @@
-"""Checks for the exercises of lesson 11, attention across devices and in low precision
-(``solutions/11_parallel_and_precision.ipynb``).
+"""Checks for the exercises of lesson 11, attention across devices
+(``solutions/11_parallel.ipynb``).
 
-The lesson is ``notebooks/11_parallel_and_precision.ipynb``; each ``check_*`` is called by an
-exercise's check cell (see :mod:`mha_course.checks`). The references come from the package at
-check time: the simulated collectives' byte counters (:mod:`mha_course.parallel.collectives`),
-the ring's work counts (:func:`mha_course.parallel.ring.ring_attention` on placeholders), the
-packing helpers (:mod:`mha_course.parallel.packing`) and the simulated accumulators
-(:mod:`mha_course.parallel.precision`).
+The lesson is ``notebooks/11_parallel.ipynb``; each ``check_*`` is called by an exercise's check
+cell (see :mod:`mha_course.checks`). The references come from the package at check time: the
+simulated collectives' byte counters (:mod:`mha_course.parallel.collectives`), the ring's work
+counts (:func:`mha_course.parallel.ring.ring_attention` on placeholders) and the packing helpers
+(:mod:`mha_course.parallel.packing`). Exercise 11.5 (the low-precision accumulator) is exercise
+12.1 now, checked in :mod:`mha_course.checks.lesson12`.
 """
 
 from __future__ import annotations
@@ -17,13 +17,11 @@ import numpy as np
 
 from ..parallel.collectives import Cluster, meta
 from ..parallel.packing import cu_seqlens, packed_positions
-from ..parallel.precision import format_info, round_to
 from ..parallel.ring import ring_attention, sequence_layout
 from .harness import call, compare, fail, fmt_shape, passed
 from .measure import check_rng
 
 __all__ = [
-    "check_accumulator_stall",
     "check_cu_seqlens_from_positions",
     "check_ring_all_reduce",
     "check_ring_work",
@@ -205,43 +203,3 @@ def check_cu_seqlens_from_positions(fn) -> None:
         )
     passed(ex, "5 packed rows (one document, documents of length 1, twelve documents) give "
                "the cu_seqlens they were packed with")
-
-
-# ---------------------------------------------------------------------------------- 11.5
-def _stall(fmt, term) -> int:
-    acc, n = np.float32(0.0), 0
-    while True:
-        new = round_to(np.array([acc + np.float32(term)]), fmt)[0]
-        if new == acc:
-            return n
-        acc, n = new, n + 1
-
-
-def check_accumulator_stall(fn) -> None:
-    """Exercise 11.5: ``accumulator_stall(fmt, term)`` -> int, the terms added before the
-    running sum stops growing."""
-    ex = "11.5"
-    probes = [("bfloat16", 1.0), ("float16", 1.0), ("float8_e4m3fn", 1.0), ("bfloat16", 0.01),
-              ("float16", 0.3), ("float8_e5m2", 2.0), ("bfloat16", 3.0)]
-    for fmt, term in probes:
-        want = _stall(fmt, term)
-        label = f"for fmt={fmt!r}, term={term}"
-        got = _int(ex, call(ex, fn, (fmt, term), ("fmt", "term"),
-                            forbid={"mha_course.parallel.precision.sequential_sum":
-                                    "write the accumulator yourself"}), label)
-        if got == want:
-            continue
-        m = format_info(fmt)["mantissa_bits"]
-        hint = None
-        if got == want + 1:
-            hint = "you counted the addition that changed nothing; return how many did change it"
-        elif got == want - 1:
-            hint = "one too few: count every addition that changed the sum"
-        elif term == 1.0 and got == 2**m:
-            hint = (f"2**{m} (the fraction bits) is where the gap between values reaches 1; the "
-                    "sum still grows there, by rounding to even, until the gap is 2")
-        raise fail(ex, f"{label} you returned {got}; the sum stops growing after {want} "
-                       "additions (simulated with round_to after each one)"
-                   + (f". Likely mistake: {hint}" if hint else ""))
-    passed(ex, "7 formats and terms (ones in bfloat16, float16 and e4m3, 0.01, 0.3, 2 and 3) "
-               "stall where a simulated accumulator does")

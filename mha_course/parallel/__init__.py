@@ -1,7 +1,9 @@
 """Attention across devices: p simulated devices in one process, and the schemes that split a
 layer or a sequence over them.
 
-Taught in ``notebooks/11_parallel_and_precision.ipynb``. What lives here:
+Taught in ``notebooks/11_parallel.ipynb`` (its deep dive
+``notebooks/deep_dives/11a_parallel_at_scale.ipynb``), except :mod:`~mha_course.parallel.precision`,
+taught in ``notebooks/12_precision.ipynb``. What lives here:
 
 - :mod:`~mha_course.parallel.collectives`: the devices and the collectives that move arrays
   between them (all-reduce, all-gather, reduce-scatter, all-to-all, a ring pass), every one

@@ -1,6 +1,7 @@
 """Simulated devices and the collectives that move arrays between them, counting the bytes.
 
-Taught in ``notebooks/11_parallel_and_precision.ipynb`` (section 1).
+Taught in ``notebooks/11_parallel.ipynb`` (section 1); how the bytes grow with ``p``, in
+``notebooks/deep_dives/11a_parallel_at_scale.ipynb`` (section 1).
 
 ``p`` devices live in one process: what device ``i`` holds is element ``i`` of a Python list of
 arrays. A :class:`Cluster` moves arrays between them with one primitive, :meth:`Cluster.send`,

@@ -1,6 +1,8 @@
 """The activation memory of attention in training, per device: what the backward pass keeps.
 
-Taught in ``notebooks/11_parallel_and_precision.ipynb`` (section 7).
+Taught in ``notebooks/11_parallel.ipynb`` (section 6); the table of
+:func:`attention_activation_bytes` in ``notebooks/deep_dives/11a_parallel_at_scale.ipynb``
+(section 6).
 
 Korthikanti et al. (2022, "Reducing activation recomputation in large transformer models",
 arXiv:2205.05198, Table 2) count, for one layer with sequence length ``s``, micro-batch ``b``,

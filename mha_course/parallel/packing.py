@@ -1,6 +1,8 @@
 """Packed sequences: several documents in one row, kept apart by ``cu_seqlens``.
 
-Taught in ``notebooks/11_parallel_and_precision.ipynb`` (section 5).
+Taught in ``notebooks/11_parallel.ipynb`` (section 5); positions and Tiny Shakespeare's speeches
+(:func:`speeches`, :func:`attention_work`) in ``notebooks/deep_dives/11a_parallel_at_scale.ipynb``
+(section 5).
 
 Training batches are rows of a fixed length ``L``. Padding each document to ``L`` wastes the
 padded slots; **packing** puts several documents end to end in one row. The documents must then

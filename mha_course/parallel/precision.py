@@ -1,6 +1,6 @@
 """Attention in low precision: bfloat16, float16 and 8-bit floats, and what must stay float32.
 
-Taught in ``notebooks/11_parallel_and_precision.ipynb`` (section 6).
+Taught in lesson 12, ``notebooks/12_precision.ipynb``.
 
 NumPy has float16; ``ml_dtypes`` (the package JAX uses for its NumPy dtypes) adds bfloat16 and the
 two 8-bit formats of Micikevicius et al. (2022), ``float8_e4m3fn`` (4 exponent bits, 3 mantissa

@@ -1,6 +1,7 @@
 """Ring attention: a long sequence split over p devices, its key/value blocks passed around.
 
-Taught in ``notebooks/11_parallel_and_precision.ipynb`` (section 3).
+Taught in ``notebooks/11_parallel.ipynb`` (section 3); the causal layouts and
+:func:`load_balance` in ``notebooks/deep_dives/11a_parallel_at_scale.ipynb`` (section 3).
 
 Ring attention (Liu, Zaharia & Abbeel 2023) gives each device a block of the sequence: its
 queries, keys and values. In ``p`` steps, each device attends with its queries to the key/value

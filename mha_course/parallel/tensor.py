@@ -1,6 +1,7 @@
 """Tensor parallelism (Megatron-LM): one layer's heads split over p devices.
 
-Taught in ``notebooks/11_parallel_and_precision.ipynb`` (section 2).
+Taught in ``notebooks/11_parallel.ipynb`` (section 2); the bias, lesson 09's model and a
+Llama-3-70B-like layer in ``notebooks/deep_dives/11a_parallel_at_scale.ipynb`` (section 2).
 
 Shoeybi et al. (2019, "Megatron-LM", arXiv:1909.08053) split a transformer layer so that each block
 needs one all-reduce in the forward pass and one in the backward pass:

@@ -1,7 +1,7 @@
 """Tensor-parallel and ring attention on real processes, with ``torch.distributed`` (gloo).
 
 Taught in ``notebooks/appendix_distributed.ipynb``, the PyTorch appendix of
-``notebooks/11_parallel_and_precision.ipynb``.
+``notebooks/11_parallel.ipynb``.
 
 :func:`run` starts ``p`` processes on this machine (``torch.multiprocessing``, the spawn start
 method), which join one gloo process group over TCP on 127.0.0.1 and each run :func:`worker`:

@@ -1,6 +1,7 @@
 """DeepSpeed-Ulysses: a sequence split over p devices, attended head by head after an all-to-all.
 
-Taught in ``notebooks/11_parallel_and_precision.ipynb`` (section 4).
+Taught in ``notebooks/11_parallel.ipynb`` (section 4); ring against Ulysses at 128k tokens in
+``notebooks/deep_dives/11a_parallel_at_scale.ipynb`` (section 4).
 
 Ulysses (Jacobs et al. 2023) keeps the sequence split across the devices everywhere except
 inside attention. Each device projects its ``T / p`` tokens to queries, keys and values for all

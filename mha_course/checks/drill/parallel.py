@@ -1,5 +1,5 @@
 """Checks for lesson 15's spot-the-bug drill: attention across devices and packed
-rows (15.22 to 15.24), from ``notebooks/11_parallel_and_precision.ipynb``.
+rows (15.22 to 15.24), from ``notebooks/11_parallel.ipynb``.
 
 A row-parallel output projection whose bias is added on every device, a packed row whose
 documents see each other, and a log-sum-exp merge fed a base-2 log-sum-exp. Like
