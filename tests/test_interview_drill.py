@@ -1,6 +1,7 @@
-"""Lesson 15, the interview drill: its rapid questions are folded, linked and mapped, its
-catalogue lists the drill's exercises, and an instructor can bundle drill exercises with
-``assign`` and check the result like any other (end to end, once).
+"""Lessons 14 and 15, the interview drill: its rapid questions (lesson 14 and its deep dives 14a
+and 14b) are folded, linked and mapped, its catalogue (lesson 15) lists the drill's exercises, and
+an instructor can bundle drill exercises with ``assign`` and check the result like any other (end
+to end, once).
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from mha_course.grading.cli import lesson_notebook, main
 ROOT = Path(__file__).resolve().parent.parent
 LESSON = ROOT / "notebooks" / "15_interview_drill.ipynb"
 SOLUTIONS = ROOT / "solutions" / "15_interview_drill.ipynb"
+#: The rapid questions: lesson 14's, then its optional deep dives' (numbered on from lesson 14's).
+QUESTIONS = [ROOT / "notebooks" / "14_rapid_questions.ipynb",
+             *sorted((ROOT / "notebooks" / "deep_dives").glob("14[a-z]_*.ipynb"))]
 
 
 def _lesson():
@@ -28,36 +32,56 @@ def _lesson():
 
 
 def _drill_map() -> dict[int, tuple[str, str]]:
-    """The DRILL dict of the lesson's first cell that defines it."""
-    cell = next(c for c in _lesson().cells if c.cell_type == "code" and "DRILL = {" in c.source)
-    tree = ast.parse(cell.source)
-    node = next(n for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "DRILL")
-    return ast.literal_eval(node.value)
+    """The DRILL dicts of the question notebooks (each one's first cell that defines it), merged."""
+    drill = {}
+    for path in QUESTIONS:
+        nb = nbformat.read(path, as_version=4)
+        cell = next(c for c in nb.cells if c.cell_type == "code" and "DRILL = {" in c.source)
+        tree = ast.parse(cell.source)
+        node = next(n for n in tree.body
+                    if isinstance(n, ast.Assign) and n.targets[0].id == "DRILL")
+        part = ast.literal_eval(node.value)
+        assert not set(part) & set(drill), f"{path.name} maps questions mapped before"
+        drill.update(part)
+    return drill
 
 
-def _questions() -> dict[int, str]:
-    """{question number: its markdown, question and folded answer}."""
-    text = "\n".join(c.source for c in _lesson().cells if c.cell_type == "markdown")
-    parts = re.split(r"(?m)^\*\*Q(\d+)\. ", text)
-    return {int(n): body for n, body in zip(parts[1::2], parts[2::2], strict=True)}
+def _questions() -> dict[int, tuple[str, Path]]:
+    """{question number: (its markdown, question and folded answer; the notebook it is in)}."""
+    found = {}
+    for path in QUESTIONS:
+        nb = nbformat.read(path, as_version=4)
+        text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+        parts = re.split(r"(?m)^\*\*Q(\d+)\. ", text)
+        for n, body in zip(parts[1::2], parts[2::2], strict=True):
+            assert int(n) not in found, f"Q{n} twice"
+            found[int(n)] = (body, path)
+    return found
+
+
+#: A link to a lesson (``05_x.ipynb``) or a deep dive (``deep_dives/13b_x.ipynb``, or from a deep
+#: dive ``../05_x.ipynb`` and ``13b_x.ipynb``): the path, and the lesson number it belongs to.
+LINK = re.compile(r"\]\(((?:\.\./|deep_dives/)?(\d\d)[a-z]?_\w+\.ipynb)(?:#[^)]*)?\)")
 
 
 def test_at_least_25_rapid_questions_each_with_a_folded_answer_and_a_link_to_its_lesson():
     questions, drill = _questions(), _drill_map()
     assert len(questions) >= 25
     assert sorted(questions) == list(range(1, len(questions) + 1)) == sorted(drill)
-    for n, body in questions.items():
+    for n, (body, path) in questions.items():
         answer = body.split("<details><summary>Answer</summary>", 1)
         assert len(answer) == 2 and "</details>" in answer[1], f"Q{n} has no folded answer"
-        links = re.findall(r"\]\((\d\d)_\w+\.ipynb(?:#[^)]*)?\)", answer[1])  # anchors allowed
+        links = LINK.findall(answer[1])  # anchors allowed
         assert links, f"Q{n}'s answer links no lesson"
-        for lesson in set(links):
-            assert list((ROOT / "notebooks").glob(f"{lesson}_*.ipynb")), f"Q{n}: no lesson {lesson}"
-        assert drill[n][1] in links, f"Q{n} is mapped to lesson {drill[n][1]}, links {links}"
+        for link, _ in links:
+            assert (path.parent / link).is_file(), f"Q{n}: no notebook {link}"
+        lessons = [lesson for _, lesson in links]
+        assert drill[n][1] in lessons, f"Q{n} is mapped to lesson {drill[n][1]}, links {lessons}"
 
 
 def test_every_numbers_question_has_a_self_check_in_the_outputs():
-    outputs = "".join(o.get("text", "") for c in _lesson().cells if c.cell_type == "code"
+    outputs = "".join(o.get("text", "") for path in QUESTIONS
+                      for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"
                       for o in c.outputs)
     for n, (kind, _) in _drill_map().items():
         if kind == "numbers":

@@ -313,9 +313,9 @@ def test_sdpa_causal_matches_torch_is_causal(torch, rng, lead):
 
 
 def test_causal_mask_is_torchs_causal_lower_right_not_is_causal(torch, rng):
-    # Lesson 06 §2 and the drill's Q22: for T < S the package aligns bottom-right, as
-    # torch.nn.attention.bias.causal_lower_right does; is_causal=True aligns top-left, where a
-    # single new query sees key 0 only (review D2).
+    # Lesson 06 §2 and rapid question Q33 (deep dive 14a): for T < S the package aligns
+    # bottom-right, as torch.nn.attention.bias.causal_lower_right does; is_causal=True aligns
+    # top-left, where a single new query sees key 0 only (review D2).
     from torch.nn.attention.bias import causal_lower_right
 
     for T_ in (1, 3):

@@ -7,7 +7,8 @@ With logits of a fixed spread, a softmax over ``n`` keys has entropy that grows 
 a head trained on 2k tokens and run on 32k spreads its weight over sixteen times as many keys.
 Multiplying the logits of a query at position ``n`` by ``log n / log n_train`` for
 ``n > n_train`` (Qwen's ``use_logn_attn``) is a temperature that grows with the length: it
-slows that flattening (lesson 13 §6 measures by how much), it does not stop it.
+slows that flattening (lesson 13's deep dive 13b §3 measures by how much), it does not stop
+it.
 """
 
 from __future__ import annotations
