@@ -28,6 +28,7 @@ from mha_course.grading.authoring.catalog import (
     exercises,
     parse_ids,
 )
+from mha_course.grading.authoring.notebooks import moved_id, moved_message
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "data" / "solutions"
@@ -80,6 +81,24 @@ def test_ids_are_read_as_instructors_type_them(catalog):
         parse_ids(" , ")
     with pytest.raises(ValueError, match="lesson 42 has no exercises"):
         parse_ids("42", known=catalog)
+
+
+def test_wave_4s_moved_ids_are_explained(catalog):
+    """Issue 34 split lesson 11 (precision is lesson 12), made the 2025 block lesson 13 and the
+    drill lesson 15: an id from before says where its exercise went, or, where the id names
+    another exercise now, notes it."""
+    assert catalog["12.1"].functions == ("accumulator_stall",)  # was 11.5
+    assert catalog["13.1"].title == "Soft-capped attention weights"  # was 12.1
+    assert catalog["15.3"].checks == ("check_mask_after_softmax",)  # was 13.3
+    with pytest.raises(ValueError, match=r"11.5 is now 12.1 \(wave 4"):
+        parse_ids("11.5", known=catalog)
+    with pytest.raises(ValueError, match=r"12.4 is now 13.4 \(wave 4"):
+        parse_ids("12.4", known=catalog)
+    assert moved_message("13.3", list(catalog)) == (
+        "note: 13.3 is an exercise of lesson 13 now; the exercise that was 13.3 before is now 15.3")
+    assert moved_message("12.2", list(catalog)).startswith("note: 12.2 is an exercise of lesson 12")
+    assert moved_message("11.2", list(catalog)) is None  # stayed in lesson 11
+    assert moved_id("9.3".zfill(4)) == "15.3"  # a wave-2 drill id, through both moves
 
 
 def test_cells_are_matched_to_exercises_by_the_names_they_call_or_define(catalog):
