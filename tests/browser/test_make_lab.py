@@ -5,8 +5,9 @@ The test runs the Makefile's ``lab`` recipe with this interpreter's environment
 (``VENV=sys.prefix``, and ``-o $(VENV)/.installed`` so make does not reinstall the course), on a
 free port, with Jupyter's config, data and runtime folders in a temporary folder and
 ``BROWSER=true`` so no browser window opens. It reads the URL with the token from the server's
-log, fetches ``/lab`` and the API with and without the token, checks that nothing answers on
-another loopback address, and stops the process group it started, by its PID.
+log, fetches ``/lab`` and the API with and without the token (the served folder is the learner's
+``my-work/``, which the recipe fills first), checks that nothing answers on another loopback
+address, and stops the process group it started, by its PID.
 """
 
 from __future__ import annotations
@@ -112,6 +113,11 @@ def test_make_lab_serves_the_course_with_token_auth_on_localhost(make_lab):
     assert status == 200, status
     served = sorted(re.findall(r'"name": ?"(\d\d_[^"]+\.ipynb)"', body))
     assert served == [p.name for p in lessons()], served
+    # the learner's copies (my-work/), not the course's tracked files, are what JupyterLab opens
+    status, _, body = _fetch(f"{base}/api/contents", token=token)
+    top = set(re.findall(r'"name": ?"([^"]+)"', body))
+    assert status == 200 and {"notebooks", "exercises"} <= top and "mha_course" not in top, top
+    assert (REPO / "my-work" / "notebooks" / lessons()[0].name).is_file()
 
     # Bound to 127.0.0.1 only: another loopback address gets no answer.
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
