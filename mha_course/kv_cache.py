@@ -28,7 +28,7 @@ v0.1's cache): the token at position ``i`` is written to slot ``i mod W``, over 
 longer see. Memory stays at ``W`` positions however long the sequence grows; ``tokens_seen``
 keeps counting (RoPE needs the true position), while ``len(cache)`` stops at ``W``. (StreamingLLM,
 which keeps its first 4 tokens next to such a window, rotates by the positions within the cache
-instead, caching the keys before RoPE: lesson 06 §8 and exercise 06.4.)
+instead, caching the keys before RoPE: deep dive 06b §2 and exercise 06.4.)
 """
 
 from __future__ import annotations

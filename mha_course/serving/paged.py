@@ -1,7 +1,7 @@
 """Many sequences of one decoder in paged KV caches: one block pool per layer, in lockstep.
 
 Taught in ``notebooks/10_serving.ipynb`` (§2); the pool itself, :class:`~mha_course.PagedKVCache`,
-is lesson 06 §10's. A :class:`PagedStore` keeps one pool per layer of a
+is deep dive 06b §4's. A :class:`PagedStore` keeps one pool per layer of a
 :class:`~mha_course.serving.decoder.Decoder`; every operation is applied to all of them in the
 same order, so a sequence has the same id and the same block table in every layer, and one
 table describes it. A :class:`PagedSequence` is a sequence's view of the store with the cache

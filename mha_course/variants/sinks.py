@@ -1,7 +1,8 @@
 """Attention sinks two ways: a learned sink logit per head (gpt-oss), and kept first tokens
 (StreamingLLM).
 
-Taught in ``notebooks/13_attention_2025.ipynb`` (lesson 06 §8 wrote the sink column inline).
+Taught in ``notebooks/13_attention_2025.ipynb`` (lesson 06's deep dive 06b §2 wrote the sink
+column inline).
 
 **A learned sink** (gpt-oss's reference ``sdpa``): each head ``i`` has one learned logit
 ``sink_i`` that joins every row of its scores as an extra column of the softmax and is then
