@@ -32,6 +32,7 @@ import pytest
 from mha_course.grading.running.run import descendants  # the kernel-process walker of the checker
 
 from .labdriver import (
+    LESSONS_DIR,
     cell_report,
     close_notebook,
     notebooks,
@@ -123,6 +124,12 @@ def _copy_lessons(dest: Path) -> None:
     dest.mkdir(parents=True)
     for src in notebooks():
         shutil.copyfile(src, dest / src.name)
+    # the deep dives too (the lessons link them; a widget test opens the one that holds its widget)
+    dives = sorted((LESSONS_DIR / "deep_dives").glob("*.ipynb"))
+    if dives:
+        (dest / "deep_dives").mkdir()
+        for src in dives:
+            shutil.copyfile(src, dest / "deep_dives" / src.name)
 
 
 def _write_user_settings(settings_dir: Path) -> None:
@@ -363,7 +370,9 @@ def _lesson_runs(lab_tab, lab_server):
             wait_for_widgets(page, path)
             cells = cell_report(page, path)
             lap("run all")
-            shots = screenshot_notebook(page, path, folder / name.removesuffix(".ipynb"))
+            stem = folder / name.removesuffix(".ipynb")  # a deep dive's: deep_dives/NNx_...
+            stem.parent.mkdir(parents=True, exist_ok=True)
+            shots = screenshot_notebook(page, path, stem)
             lap("screenshots")
         except BaseException:
             broken.append(path)

@@ -1,9 +1,7 @@
-"""Lesson 06's KV-cache memory widget in a real JupyterLab: the summary and the picture redraw
-when a slider moves and when a preset is chosen, the numbers are the package's, and the widget
-fits a 1366-pixel-wide screen.
-
-The lesson's run is left open for ``test_lab.py``'s generic check of every lesson, which reuses
-it (each lesson runs once per session) and then closes it.
+"""The KV-cache memory widget of lesson 06's deep dive 06b in a real JupyterLab: the summary and
+the picture redraw when a slider moves and when a preset is chosen, the numbers are the package's,
+and the widget fits a 1366-pixel-wide screen. The deep dive is run, checked and closed here
+(``test_lab.py``'s generic check runs the numbered lessons).
 """
 
 from __future__ import annotations
@@ -14,7 +12,7 @@ import pytest
 
 from mha_course.widgets.cache_memory import draw_cache_memory, preset, summary_line
 
-from .labdriver import lessons, panel_id
+from .labdriver import LESSONS_DIR, panel_id
 
 pytestmark = pytest.mark.browser
 
@@ -22,10 +20,11 @@ TIMEOUT_MS = 30_000
 
 
 def _lesson_06() -> str:
-    found = [p.name for p in lessons() if p.name.startswith("06_")]
+    """Deep dive 06b, which holds the widget (``deep_dives/06b_*.ipynb``, as the lab opens it)."""
+    found = sorted((LESSONS_DIR / "deep_dives").glob("06b_*.ipynb"))
     if not found:
-        pytest.skip("lesson 06 (notebooks/06_*.ipynb) does not exist yet")
-    return found[0]
+        pytest.skip("deep dive 06b (notebooks/deep_dives/06b_*.ipynb) does not exist")
+    return f"deep_dives/{found[0].name}"
 
 
 def _line(output) -> str:
@@ -93,3 +92,4 @@ def test_cache_memory_widget_redraws_for_sliders_and_presets(run_lesson, tmp_pat
     print(f"screenshot after choosing DeepSeek-V2 at 128k tokens: {shot}")
 
     assert figures[0] != figures[1] != figures[2], "a figure was not redrawn"
+    run_lesson.release(lesson)  # the generic check of test_lab.py runs only the numbered lessons
