@@ -111,6 +111,7 @@ CORRECT_05 = {
     "05.4": ("check_encoder_decoder_masks", _masks),
     "05.5": ("check_padded_heads_attention", _padded_heads),
     "05.6": ("check_alibi_chunk_attention", _alibi),
+    "05.7": ("check_mrope_position_ids", lesson05._mrope_ids_variant),
 }
 
 

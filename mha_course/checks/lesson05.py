@@ -35,6 +35,7 @@ __all__ = [
     "check_alibi_chunk_attention",
     "check_encoder_decoder_masks",
     "check_llama3_rope_frequencies",
+    "check_mrope_position_ids",
     "check_padded_heads_attention",
     "check_rope_interleaved",
     "check_sinusoidal_positions",
@@ -370,3 +371,66 @@ def check_alibi_chunk_attention(fn) -> None:
     passed(ex, "chunks (h, T, S) = (8, 3, 7), (4, 1, 5), (6, 4, 4), (2, 2, 9), with and without a "
                "batch axis, match scores + mha_course.alibi_bias(h, T, S) under "
                "causal_mask(T, S)")
+
+
+# ------------------------------------------------------------- 05.7 M-RoPE positions of an image
+def _mrope_ids_variant(n_before, grid_thw, n_after, *, swap=False, order="raster",
+                       after="max", image_from=None, text_rope=False):
+    """Qwen2-VL's (t, h, w) positions of text, one image or video, text; keywords make the
+    classic mistakes."""
+    g_t, g_h, g_w = grid_thw
+    n_img = g_t * g_h * g_w
+    if text_rope:
+        return np.stack([np.arange(n_before + n_img + n_after)] * 3)
+    f, r, c = np.meshgrid(np.arange(g_t), np.arange(g_h), np.arange(g_w), indexing="ij")
+    if order == "columns":  # the grid read column by column
+        f, r, c = (a.transpose(0, 2, 1) for a in (f, r, c))
+    if swap:
+        r, c = c, r
+    offset = n_before if image_from is None else image_from
+    image = offset + np.stack([f.ravel(), r.ravel(), c.ravel()])
+    start = {"max": image.max() + 1, "max_no_one": image.max(),
+             "count": n_before + n_img}[after]
+    text = np.arange(n_before)
+    return np.concatenate([np.stack([text] * 3), image,
+                           np.stack([start + np.arange(n_after)] * 3)], axis=1)
+
+
+def check_mrope_position_ids(fn) -> None:
+    """Exercise 05.7: ``mrope_position_ids(n_before, grid_thw, n_after)`` -> (3, L) ints."""
+    ex = "05.7"
+    probes = ((3, (1, 3, 4), 2), (5, (1, 4, 2), 3), (0, (2, 2, 3), 4), (2, (1, 1, 1), 0))
+    for n_before, grid, n_after in probes:
+        want = _mrope_ids_variant(n_before, grid, n_after)
+        got = call(ex, fn, (n_before, grid, n_after), ("n_before", "grid_thw", "n_after"))
+        L = want.shape[1]
+
+        def var(n_before=n_before, grid=grid, n_after=n_after, **kw):
+            return lambda: _mrope_ids_variant(n_before, grid, n_after, **kw)
+
+        compare(
+            ex, got, want,
+            f"your positions for {n_before} text tokens, an image grid (t, h, w) = {grid} and "
+            f"{n_after} text tokens", "(3, L)",
+            variants=[
+                ("row and column swapped: image token (f, r, c) gets height s + r (its row) "
+                 "and width s + c (its column)", var(swap=True)),
+                ("the image tokens are in column-major order: the patches are read row by "
+                 "row (raster order), so the width position changes fastest",
+                 var(order="columns")),
+                ("the text after the image continues the 1-D count (n_before + t*h*w): in "
+                 "M-RoPE it starts at one past the largest position used so far",
+                 var(after="count")),
+                ("the text after the image starts AT the largest position used so far; it "
+                 "starts one past it (max + 1)", var(after="max_no_one")),
+                ("the image's positions start at 0: add n_before, the number of tokens "
+                 "before it, to all three", var(image_from=0)),
+                ("every token got (p, p, p) with p its index in the sequence: that is a text "
+                 "RoPE on the flattened image; an image token's height and width come from "
+                 "its row and column", var(text_rope=True)),
+            ],
+            shape_hints={(L, 3): "one row per axis (t, h, w) and one column per token: "
+                                 "(3, L), not (L, 3)"},
+        )
+    passed(ex, "(t, h, w) positions match Qwen2-VL's rule for images 3 x 4, 4 x 2 and 1 x 1 "
+               "and a 2-frame video, with text before and after")
