@@ -61,11 +61,33 @@ def _delta(S, k, v, beta, kind="right"):
     return S + beta * np.outer(k, v - k @ S)
 
 
+def _chunked(q, k, v, a, C, kind="right"):
+    if kind == "whole_matrix":  # right numbers, but the whole (T, T) masked matrix at once
+        g = np.cumprod(a)
+        return (np.tril(g[:, None] / g[None, :]) * (q @ k.T)) @ v
+    S = np.zeros((k.shape[1], v.shape[1]))
+    out = []
+    for s in range(0, len(k), C):
+        qc, kc, vc, ac = q[s:s + C], k[s:s + C], v[s:s + C], a[s:s + C]
+        g = np.cumprod(ac)
+        mask = g[:, None] / g[None, :]
+        if kind != "not_causal":
+            mask = np.tril(mask, -1 if kind == "strict_mask" else 0)
+        g_read = {"no_read_decay": np.ones_like(g), "late": g / ac[0]}.get(kind, g)
+        w = np.ones_like(g) if kind == "no_key_decay" else g[-1] / g
+        S_new = (1.0 if kind == "no_carry" else g[-1]) * S + kc.T @ (w[:, None] * vc)
+        read = S_new if kind == "read_after_update" else S
+        out.append((mask * (qc @ kc.T)) @ vc + g_read[:, None] * (qc @ read))
+        S = S_new
+    return np.concatenate(out)
+
+
 CORRECT_12 = {
     "13.1": ("check_capped_weights", _capped),
     "13.2": ("check_sink_softmax", _sink),
     "13.3": ("check_qk_norm_fused", _qk),
     "13.4": ("check_delta_write", _delta),
+    "13.5": ("check_chunked_scan", _chunked),
 }
 
 
@@ -102,6 +124,25 @@ MISTAKES = [
      r"beta scales the whole write"),
     ("delta-transposed", "check_delta_write", _kind(_delta, "transposed"),
      r"np.outer\(k, error\)"),
+    ("scan-no-carry", "check_chunked_scan", _kind(_chunked, "no_carry"),
+     r"the decay is not carried across the chunk boundary"),
+    ("scan-no-read-decay", "check_chunked_scan", _kind(_chunked, "no_read_decay"),
+     r"read without its decay to each query"),
+    ("scan-decay-late", "check_chunked_scan", _kind(_chunked, "late"),
+     r"starts one token late"),
+    ("scan-no-key-decay", "check_chunked_scan", _kind(_chunked, "no_key_decay"),
+     r"without their decay to the chunk's end"),
+    ("scan-read-after-update", "check_chunked_scan", _kind(_chunked, "read_after_update"),
+     r"updated with this chunk before it is read \(off by one chunk\)"),
+    ("scan-not-causal", "check_chunked_scan", _kind(_chunked, "not_causal"),
+     r"the intra-chunk mask is not causal"),
+    ("scan-strict-mask", "check_chunked_scan", _kind(_chunked, "strict_mask"),
+     r"leaves out its diagonal"),
+    ("scan-whole-matrix", "check_chunked_scan", _kind(_chunked, "whole_matrix"),
+     r"that is the whole masked matrix"),
+    ("scan-calls-the-package", "check_chunked_scan",
+     lambda q, k, v, a, C: mha_course.variants.ssd.ssd_chunked(q, k, v, a, C)[0],
+     r"asks you to write the chunked scan yourself"),
 ]
 
 

@@ -5,8 +5,9 @@ The lesson is ``notebooks/13_attention_2025.ipynb``; each ``check_*`` is called 
 check cell (see :mod:`mha_course.checks`). The references come from the package at check time:
 :func:`mha_course.variants.logit_control.soft_cap`,
 :func:`mha_course.variants.logit_control.qk_norm`,
-:func:`mha_course.variants.sinks.softmax_with_sink` and
-:func:`mha_course.variants.delta_rule.delta_rule`.
+:func:`mha_course.variants.sinks.softmax_with_sink`,
+:func:`mha_course.variants.delta_rule.delta_rule` and
+:func:`mha_course.variants.ssd.ssd_recurrent` (13.5, the chunked scan of deep dive 13c).
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ from ..softmax import softmax
 from ..variants.delta_rule import delta_rule
 from ..variants.logit_control import qk_norm, soft_cap
 from ..variants.sinks import softmax_with_sink
-from .harness import call, compare, fail, passed
+from ..variants.ssd import ssd_recurrent
+from .harness import call, compare, fail, fmt, passed
 from .measure import check_rng
 
-__all__ = ["check_capped_weights", "check_delta_write", "check_qk_norm_fused",
-           "check_sink_softmax"]
+__all__ = ["check_capped_weights", "check_chunked_scan", "check_delta_write",
+           "check_qk_norm_fused", "check_sink_softmax"]
 
 
 def _masks(rng, T, S):
@@ -197,3 +199,88 @@ def _delta_exact(ex, fn):
         raise fail(ex, f"after writing v = {v.tolist()} with beta = 1 under a unit key that held "
                        f"{(k @ S).tolist()}, reading that key gives {np.round(read, 4).tolist()}; "
                        "the delta rule overwrites it exactly")
+
+
+# ---------------------------------------------------------------------------------- 13.5
+def check_chunked_scan(fn) -> None:
+    """Exercise 13.5: ``chunked_scan(q, k, v, a, C)``: causal linear attention with a decay,
+    computed chunk by chunk (Mamba-2's SSD), from a zero state."""
+    ex = "13.5"
+    rng = check_rng(1205)
+    for T, d_k, d_v, C in ((10, 3, 4, 4), (12, 5, 2, 3), (6, 4, 3, 8), (9, 2, 5, 1)):
+        q, k = rng.normal(size=(T, d_k)), rng.normal(size=(T, d_k))
+        _chunked_case(ex, fn, q, k, rng.normal(size=(T, d_v)), rng.uniform(0.5, 1.0, size=T), C)
+    # Memory: a (T, T) float64 array would be 8 MiB here; chunk by chunk holds far less.
+    n, C = 1024, 16
+    q, k, v = (rng.normal(size=(n, 8)) for _ in range(3))
+    measure: dict = {}
+    call(ex, fn, (q, k, v, rng.uniform(0.9, 1.0, size=n), C), ("q", "k", "v", "a", "C"),
+         forbid=_SSD_FORBID, measure=measure)
+    full = n * n * 8
+    if measure["peak"] >= full / 2:
+        raise fail(ex, f"at T = {n}, C = {C} your function held {fmt(measure['peak'] / 2**20)} MiB "
+                       f"at its peak, at least half of one (T, T) array ({fmt(full / 2**20)} "
+                       "MiB). Likely mistake: that is the whole masked matrix (L ∘ QKᵀ)V; build "
+                       "only each chunk's (C, C) block, and carry the state between chunks")
+    passed(ex, "4 shapes (chunks that divide T, a shorter last chunk, C > T, C = 1) match the "
+               "recurrence S_t = a_t S_(t-1) + k_t v_tᵀ; at T = 1024, C = 16 the peak memory "
+               "stays below half of one (T, T) array")
+
+
+_SSD_FORBID = {name: "write the chunked scan yourself" for name in (
+    "mha_course.variants.ssd.ssd_chunked", "mha_course.variants.ssd.ssd_recurrent",
+    "mha_course.variants.ssd.ssd_quadratic", "mha_course.variants.ssd.decay_mask",
+    "mha_course.variants.delta_rule.delta_rule")}
+
+
+def _chunked_variant(q, k, v, a, C, *, carry=True, read_decay=True, key_decay=True,
+                     read_first=True, causal=True, diagonal=True, late=False):
+    """The chunked scan with one known mistake switched on (all defaults: the right one)."""
+    S = np.zeros((k.shape[1], v.shape[1]))
+    out = []
+    for s in range(0, len(k), C):
+        qc, kc, vc, ac = q[s:s + C], k[s:s + C], v[s:s + C], a[s:s + C]
+        g = np.cumprod(ac)
+        L = g[:, None] / g[None, :]
+        if causal:
+            L = np.tril(L, 0 if diagonal else -1)
+        g_read = (g / ac[0] if late else g) if read_decay else np.ones_like(g)
+        S_new = (g[-1] if carry else 1.0) * S + kc.T @ (
+            ((g[-1] / g) if key_decay else np.ones_like(g))[:, None] * vc)
+        out.append((L * (qc @ kc.T)) @ vc + g_read[:, None] * (qc @ (S if read_first else S_new)))
+        S = S_new
+    return np.concatenate(out)
+
+
+def _chunked_case(ex, fn, q, k, v, a, C):
+    T, d_v = len(q), v.shape[1]
+    want, _ = ssd_recurrent(q, k, v, a)
+    got = call(ex, fn, (q, k, v, a, C), ("q", "k", "v", "a", "C"), forbid=_SSD_FORBID)
+
+    def wrong(**switch):
+        return lambda: _chunked_variant(q, k, v, a, C, **switch)
+
+    compare(ex, got, want, f"your output (T {T}, d_k {q.shape[1]}, d_v {d_v}, C {C})", "(T, d_v)",
+            variants=[
+                ("the decay is not carried across the chunk boundary: before adding a chunk, "
+                 "multiply the state carried in by the chunk's whole decay a_s⋯a_e",
+                 wrong(carry=False)),
+                ("the state carried in is read without its decay to each query: row i of "
+                 "Q_c S needs g_i = a_s⋯a_i, the decay from the chunk boundary to position i",
+                 wrong(read_decay=False)),
+                ("the decay from the chunk boundary starts one token late: g_i = a_s⋯a_i "
+                 "includes a_s, the decay of the chunk's first token",
+                 wrong(late=True)),
+                ("the chunk's keys are added to the state without their decay to the chunk's "
+                 "end: key j is multiplied by a_(j+1)⋯a_e before it is carried on",
+                 wrong(key_decay=False)),
+                ("the state is updated with this chunk before it is read (off by one chunk): "
+                 "read the state carried in first, then add this chunk's keys and values",
+                 wrong(read_first=False)),
+                ("the intra-chunk mask is not causal: L_c is 0 above the diagonal, a query "
+                 "sees no later key of its chunk",
+                 wrong(causal=False)),
+                ("the intra-chunk mask leaves out its diagonal: o_t includes its own key "
+                 "(L_tt = 1: the state is written before it is read)",
+                 wrong(diagonal=False)),
+            ])

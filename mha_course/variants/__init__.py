@@ -1,7 +1,8 @@
 """The variants of attention in recent models, each built on the top level's attention.
 
 Most are lesson 13's (``notebooks/13_attention_2025.ipynb``); MLA is taught in lesson 06, RoPE
-scaling in lesson 05 and linear attention in lesson 07, as each module's docstring says. Imports
+scaling in lesson 05, linear attention in lesson 07 and the state-space view in deep dive 13c, as
+each module's docstring says. Imports
 point down: this wing may import the top level, never another wing.
 
 - :mod:`~mha_course.variants.mla`: multi-head latent attention (DeepSeek-V2/V3) and its latent
@@ -13,6 +14,8 @@ point down: this wing may import the top level, never another wing.
 - :mod:`~mha_course.variants.gated_attention`: a sigmoid gate on each head's output;
 - :mod:`~mha_course.variants.sparse_attention`: block-sparse attention with a compressed branch;
 - :mod:`~mha_course.variants.linear_attention`: kernel feature maps instead of the softmax, and
-  :mod:`~mha_course.variants.delta_rule`: the delta rule's fast-weight memory;
+  :mod:`~mha_course.variants.delta_rule`: the delta rule's fast-weight memory, and
+  :mod:`~mha_course.variants.ssd`: linear attention with a decay as a masked matrix, a recurrence
+  and a chunked scan (Mamba-2's state-space duality);
 - :mod:`~mha_course.variants.entropy`: the attention entropy these variants are judged by.
 """
