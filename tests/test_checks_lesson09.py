@@ -125,12 +125,32 @@ def _generate_greedy(model, prompt, n_new, kind="right"):
     return np.array(seq)
 
 
+def _ov_circuit(E, W_v, W_o, W_U, head, h, kind="right"):
+    d_k = W_o.shape[0] // h
+    g = W_v.shape[1] // d_k
+    kv = {"no_gqa": head, "modulo": head % g}.get(kind, head // (h // g))
+    W_V = W_v[:, kv * d_k:(kv + 1) * d_k]
+    if kind == "reshape":
+        W_V = W_v.reshape(g, -1, d_k)[kv]
+    o = kv if kind == "o_of_kv" else head
+    OV = W_V @ W_o[o * d_k:(o + 1) * d_k]
+    if kind == "transposed":
+        OV = OV.T
+    if kind == "no_unembedding":
+        return E @ OV
+    if kind == "no_embedding":
+        return OV @ W_U
+    M = E @ OV @ W_U
+    return M.T if kind == "rows_cols" else M
+
+
 CORRECT_09 = {
     "09.1": ("check_rms_norm_backward", _rms_backward),
     "09.2": ("check_swiglu_sublayer", _sublayer),
     "09.3": ("check_top_p", _top_p),
     "09.4": ("check_cached_sampling", _sample_cached),
     "09.5": ("check_decode_positions", _generate_greedy),
+    "09.6": ("check_ov_circuit", _ov_circuit),
 }
 
 
@@ -195,6 +215,22 @@ MISTAKES = [
     ("positions-calls-step", "check_decode_positions",
      lambda m, p, n: m.generate(p, n, temperature=0),
      r"fix the colleague's loop, not replace it"),
+    ("ov-o-of-kv-head", "check_ov_circuit", _kind(_ov_circuit, "o_of_kv"),
+     r"W_O's slice of the wrong head"),
+    ("ov-no-gqa", "check_ov_circuit", _kind(_ov_circuit, "no_gqa"),
+     r"GQA: query head i reads K/V head i // \(h // g\)"),
+    ("ov-modulo", "check_ov_circuit", _kind(_ov_circuit, "modulo"),
+     r"not K/V head i or i % g"),
+    ("ov-reshape", "check_ov_circuit", _kind(_ov_circuit, "reshape"),
+     r"without a transpose mixes its rows"),
+    ("ov-transposed", "check_ov_circuit", _kind(_ov_circuit, "transposed"),
+     r"transposes swapped"),
+    ("ov-rows-cols", "check_ov_circuit", _kind(_ov_circuit, "rows_cols"),
+     r"rows and columns swapped"),
+    ("ov-no-unembedding", "check_ov_circuit", _kind(_ov_circuit, "no_unembedding"),
+     r"forgetting the unembedding"),
+    ("ov-no-embedding", "check_ov_circuit", _kind(_ov_circuit, "no_embedding"),
+     r"forgetting the embedding"),
 ]
 
 

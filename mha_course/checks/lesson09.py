@@ -4,7 +4,9 @@ The lesson is ``notebooks/09_tiny_gpt.ipynb``; each ``check_*`` is called by an 
 cell (see :mod:`mha_course.checks`). The references come from the package at check time:
 :func:`mha_course.block.rms_norm_backward`, :func:`mha_course.rms_norm` and
 :func:`mha_course.swiglu`, :func:`mha_course.serving.sampling.top_p_filter`, and the uncached
-``GPT.generate`` of :mod:`mha_course.models.gpt` on small seeded models.
+``GPT.generate`` of :mod:`mha_course.models.gpt` on small seeded models; exercise 09.6's OV
+circuit (deep dive ``notebooks/deep_dives/09c_heads_as_circuits.ipynb``) is computed here from
+its definition, ``E W_V^{i // (h/g)} W_O^i W_U``.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ from ..softmax import softmax
 from .harness import call, compare, fail, passed
 from .measure import check_rng
 
-__all__ = ["check_cached_sampling", "check_decode_positions", "check_rms_norm_backward",
-           "check_swiglu_sublayer", "check_top_p"]
+__all__ = ["check_cached_sampling", "check_decode_positions", "check_ov_circuit",
+           "check_rms_norm_backward", "check_swiglu_sublayer", "check_top_p"]
 
 GPT_CALLS = ("generate", "forward", "__call__", "step", "loss", "loss_and_grads",
              "attention_weights")
@@ -349,3 +351,68 @@ def check_decode_positions(fn) -> None:
         raise fail(ex, f"{label}: breaks {property_}: {_first_difference(got, want, T0)}")
     passed(ex, "the cached loop equals recomputing the sequence, for a GQA model (half-split "
                "RoPE) and an interleaved-RoPE model, over 20 and 16 new tokens")
+
+
+# ---------------------------------------------------------------------------------- 09.6
+def _ov_reference(E, W_v, W_o, W_U, head, h, rule="right"):
+    """``E W_V^{kv} W_O^{head} W_U`` from the fused matrices, or one known wrong variant."""
+    d_k = W_o.shape[0] // h
+    g = W_v.shape[1] // d_k
+    kv = {"right": head // (h // g), "no_gqa": head, "modulo": head % g}.get(rule, head // (h // g))
+    if not 0 <= kv < g:
+        return None
+    W_V = W_v[:, kv * d_k:(kv + 1) * d_k]  # (d_model, d_k): K/V head kv's columns
+    if rule == "reshape":
+        W_V = W_v.reshape(g, W_v.shape[0], d_k)[kv]
+    o = kv if rule == "o_of_kv" else head
+    W_O = W_o[o * d_k:(o + 1) * d_k]  # (d_k, d_model): the rows that read head o
+    OV = W_V @ W_O
+    if rule == "transposed":
+        OV = OV.T
+    M = E @ OV @ W_U
+    return M.T if rule == "rows_cols" else M
+
+
+def check_ov_circuit(fn) -> None:
+    """Exercise 09.6: ``ov_circuit(E, W_v, W_o, W_U, head, h)``: head ``head``'s OV circuit
+    through the embedding and the unembedding, ``E W_V^{head // (h/g)} W_O^{head} W_U`` (V, V)."""
+    ex = "09.6"
+    rng = check_rng(906)
+    cases = [("h = 4 over g = 2 K/V heads, head 1", 7, 10, 4, 2, 3, 1),
+             ("h = 4 over g = 2 K/V heads, head 2", 7, 10, 4, 2, 3, 2),
+             ("h = 3, one K/V head (MQA), head 2", 6, 9, 3, 1, 4, 2),
+             ("h = g = 2 (no GQA), head 1", 5, 8, 2, 2, 3, 1)]
+    for label, V, d, h, g, d_k, head in cases:
+        E = rng.normal(size=(V, d))
+        W_v, W_o = rng.normal(size=(d, g * d_k)), rng.normal(size=(h * d_k, d))
+        W_U = rng.normal(size=(d, V))
+        args = (E, W_v, W_o, W_U, head, h)
+        got = call(ex, fn, args, ("E", "W_v", "W_o", "W_U", "head", "h"))
+        gqa = ("GQA: query head i reads K/V head i // (h // g) (neighbouring query heads share "
+               "one), not K/V head i or i % g")
+        compare(
+            ex, got, _ov_reference(*args), f"your OV circuit for {label}", "(V, V)",
+            variants=[
+                ("W_O's slice of the wrong head: W_O^i is the rows i·d_k:(i+1)·d_k of W_o, "
+                 "those of the query head i, not of its K/V head",
+                 lambda a=args: _ov_reference(*a, rule="o_of_kv")),
+                (gqa, lambda a=args: _ov_reference(*a, rule="no_gqa")),
+                (gqa, lambda a=args: _ov_reference(*a, rule="modulo")),
+                ("W_v (d_model, g·d_k) holds K/V head j in its columns j·d_k:(j+1)·d_k; "
+                 "reshaping it to (g, d_model, d_k) without a transpose mixes its rows",
+                 lambda a=args: _ov_reference(*a, rule="reshape")),
+                ("transposes swapped: the OV circuit is W_V W_O (read with W_V, write with "
+                 "W_O), you used its transpose W_Oᵀ W_Vᵀ",
+                 lambda a=args: _ov_reference(*a, rule="transposed")),
+                ("rows and columns swapped: row b is the attended token, column c the "
+                 "logit it moves (E ... W_U, not its transpose)",
+                 lambda a=args: _ov_reference(*a, rule="rows_cols")),
+            ],
+            shape_hints={(V, d): "forgetting the unembedding: E W_V W_O is in the residual "
+                                 "stream (V, d_model); multiply by W_U to reach the logits",
+                         (d, V): "forgetting the embedding: W_V W_O W_U starts from the "
+                                 "residual stream; put E in front to start from tokens",
+                         (d, d): "that is W_OV alone (d_model, d_model): put E in front and "
+                                 "W_U behind"})
+    passed(ex, "E W_V W_O W_U matches for GQA (heads 1 and 2 of 4 over 2), MQA and plain "
+               "multi-head attention")
