@@ -4,6 +4,9 @@
   skipped with a message saying how to install it, except when ``MHA_COURSE_REQUIRE_TORCH=1``
   (``.ci/run`` sets it): then a missing torch is a failure, so CI cannot pass with the parity
   tests silently skipped.
+- ``triton_flash``: :mod:`mha_course.kernels.triton_flash` for the Triton kernels' tests (triton
+  and torch, the ``kernels`` extra), skipped without them except when
+  ``MHA_COURSE_REQUIRE_TRITON=1`` (``.ci/run`` sets it), the same way.
 - ``rng``: a seeded NumPy generator, fresh for each test.
 - :func:`random_layer`: a ``MultiHeadAttention`` whose every parameter is random and nonzero
   (imported by the test modules as ``from conftest import random_layer``).
@@ -26,6 +29,10 @@ from mha_course import MultiHeadAttention
 
 TORCH_MISSING = (
     "install the 'reference' extra (pip install -e '.[reference]') to run the parity tests"
+)
+
+TRITON_MISSING = (
+    "install the 'kernels' extra (pip install -e '.[kernels]') to run the Triton kernels' tests"
 )
 
 settings.register_profile(
@@ -57,6 +64,29 @@ def import_torch_or_skip():
 def torch():
     """PyTorch, for the parity tests (see the module docstring for skip versus fail)."""
     return import_torch_or_skip()
+
+
+def import_triton_flash_or_skip():
+    """Return :mod:`mha_course.kernels.triton_flash`; skip without triton and torch, or fail when
+    CI requires them (``MHA_COURSE_REQUIRE_TRITON=1``)."""
+    from mha_course.kernels import triton_flash
+
+    if not triton_flash.HAS_TRITON:
+        if os.environ.get("MHA_COURSE_REQUIRE_TRITON") == "1":
+            pytest.fail(
+                "MHA_COURSE_REQUIRE_TRITON=1 but triton or torch cannot be imported "
+                f"({triton_flash._IMPORT_ERROR}); " + TRITON_MISSING,
+                pytrace=False,
+            )
+        pytest.skip(TRITON_MISSING)
+    return triton_flash
+
+
+@pytest.fixture(scope="session")
+def triton_flash():
+    """The Triton kernels' module, for their tests (see the module docstring for skip versus
+    fail)."""
+    return import_triton_flash_or_skip()
 
 
 @pytest.fixture
