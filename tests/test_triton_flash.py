@@ -10,7 +10,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mha_course import tiled_attention
+from mha_course import (
+    attention_backward,
+    causal_mask,
+    scaled_dot_product_attention,
+    tiled_attention,
+)
 
 ATOL = 2e-5  # float32: a few units in the last place of sums over <= 128 terms
 
@@ -55,3 +60,30 @@ def test_forward_equals_tiled_attention_and_its_lse(triton_flash, torch, shape):
     if causal and T > S:
         assert np.isneginf(lse.numpy()[..., : T - S]).all()
         assert (o.numpy()[..., : T - S, :] == 0).all()
+
+
+def reference_backward(q, k, v, do, causal):
+    """The package's backward (attention_backward on the weights of the package's attention),
+    with dk and dv summed over each group's query heads."""
+    B, h, T, d = q.shape
+    g, S = k.shape[1], k.shape[2]
+    mask = causal_mask(T, S) if causal else None
+    kk, vv = expand_heads(k, h), expand_heads(v, h)
+    _, weights = scaled_dot_product_attention(q.numpy(), kk, vv, mask=mask)
+    dq, dk, dv = attention_backward(do.numpy(), q.numpy(), kk, vv, weights)
+    return (dq, dk.reshape(B, g, h // g, S, d).sum(axis=2),
+            dv.reshape(B, g, h // g, S, d).sum(axis=2))
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=IDS)
+def test_backward_equals_the_packages_backward_pass(triton_flash, torch, shape):
+    B, h, g, T, S, d, causal, bm, bn = shape
+    q, k, v = random_qkv(torch, B, h, g, T, S, d, seed=1)
+    do = torch.randn(B, h, T, d, generator=torch.Generator().manual_seed(2))
+    o, lse = triton_flash.flash_forward(q, k, v, causal=causal, block_m=bm, block_n=bn)
+    grads = triton_flash.flash_backward(q, k, v, o, lse, do, causal=causal, block_m=bm,
+                                        block_n=bn)
+    for name, got, want in zip(("dq", "dk", "dv"), grads, reference_backward(q, k, v, do, causal),
+                               strict=True):
+        assert got.shape == want.shape, name
+        np.testing.assert_allclose(got.numpy(), want, rtol=0, atol=ATOL, err_msg=name)
