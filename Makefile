@@ -147,6 +147,7 @@ bench: $(VENV)/.installed-test $(NBGRADER_VENV)/bin/nbgrader
 	$(BIN)/python benchmarks/gpt.py $(ARGS)
 	$(BIN)/python benchmarks/explorer_redraw.py
 	$(BIN)/python benchmarks/grading.py $(ARGS)
+	$(BIN)/python benchmarks/triton_flash.py $(if $(filter --quick,$(ARGS)),--quick,)
 
 clean-venv:
 	rm -rf $(VENV)
