@@ -205,6 +205,7 @@ def test_bad_shapes_raise_value_errors_naming_the_function_argument_and_shapes(
         (lambda: f(q.numpy(), k, v), r"flash_forward: q is a ndarray; expected a torch tensor"),
         (lambda: f(q, k, v, block_m=24), r"flash_forward: block_m is 24; expected a power of two"),
         (lambda: f(q, k, v, block_n=8), r"flash_forward: block_n is 8; expected a power of two"),
+        (lambda: f(q, k, v, num_warps=0), r"flash_forward: num_warps is 0; expected an integer"),
     ]
     for call, message in cases:
         with pytest.raises(ValueError, match=message):

@@ -359,7 +359,8 @@ def _check_qkv(func: str, q, k, v):
     return B, h, g, T, S, d
 
 
-def flash_forward(q, k, v, *, causal=False, block_m=16, block_n=16):
+def flash_forward(q, k, v, *, causal=False, block_m=16, block_n=16, num_warps=None,
+                  num_stages=None):
     """FlashAttention-2's forward in Triton: ``(o, lse)`` without the (T, S) matrix.
 
     One program per (block of ``block_m`` queries, batch × query head): it loads its query
@@ -380,6 +381,10 @@ def flash_forward(q, k, v, *, causal=False, block_m=16, block_n=16):
     block_m, block_n : int, default 16
         Queries and keys per tile: powers of two >= 16. Any lengths T, S work (tail blocks are
         masked); any d works (padded to a power of two >= 16 inside the kernel).
+    num_warps, num_stages : int, optional
+        On a GPU: the warps that share one program's block, and the software-pipelining stages
+        (how many K/V blocks are in flight in shared memory while one is computed on); Triton's
+        defaults when omitted. The interpreter ignores them.
 
     Returns
     -------
@@ -420,10 +425,20 @@ def flash_forward(q, k, v, *, causal=False, block_m=16, block_n=16):
         q, k, v, o, lse, 1.0 / math.sqrt(d),
         *q.stride(), *k.stride(), *v.stride(), *o.stride(), *lse.stride(),
         h, g, T, S, d,
-        CAUSAL=bool(causal), BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_D=max(16, triton.next_power_of_2(d)),
+        CAUSAL=bool(causal), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_block_d(d),
+        **_launch_options(func, num_warps, num_stages),
     )
     return o, lse
+
+
+def _launch_options(func: str, num_warps, num_stages) -> dict:
+    options = {}
+    for name, value in (("num_warps", num_warps), ("num_stages", num_stages)):
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise fail(func, f"{name} is {value!r}; expected an integer >= 1 or None")
+            options[name] = value
+    return options
 
 
 def _block_d(d: int) -> int:
@@ -440,7 +455,8 @@ def _check_like(func: str, name: str, x, shape: tuple, letters: str, device):
     return x
 
 
-def flash_backward(q, k, v, o, lse, do, *, causal=False, block_m=16, block_n=16):
+def flash_backward(q, k, v, o, lse, do, *, causal=False, block_m=16, block_n=16,
+                   num_warps=None, num_stages=None):
     """FlashAttention-2's backward in Triton: ``(dq, dk, dv)`` from the saved log-sum-exp.
 
     Three kernels. A small one computes ``D = rowsum(dO ∘ O)`` per query (the term the softmax
@@ -459,7 +475,7 @@ def flash_backward(q, k, v, o, lse, do, *, causal=False, block_m=16, block_n=16)
         :func:`flash_forward`'s outputs for these inputs.
     do : torch.Tensor, shape (B, h, T, d)
         dLoss/do.
-    causal, block_m, block_n
+    causal, block_m, block_n, num_warps, num_stages
         As :func:`flash_forward` (the same ``causal``; the blocks may differ).
 
     Returns
@@ -503,7 +519,8 @@ def flash_backward(q, k, v, o, lse, do, *, causal=False, block_m=16, block_n=16)
     dq = torch.empty((B, h, T, d), dtype=torch.float32, device=q.device)
     dk = torch.empty((B, g, S, d), dtype=torch.float32, device=q.device)
     dv = torch.empty((B, g, S, d), dtype=torch.float32, device=q.device)
-    common = dict(CAUSAL=bool(causal), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=bd)
+    common = dict(CAUSAL=bool(causal), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=bd,
+                  **_launch_options(func, num_warps, num_stages))
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride(), *lse.stride())
     _bwd_dkdv_kernel[(triton.cdiv(S, block_n), B * g)](
         q, k, v, do, lse, delta, dk, dv, scale, *strides, h, g, T, S, d, **common)
