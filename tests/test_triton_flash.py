@@ -176,6 +176,12 @@ def test_masked_elements_move_no_bytes_and_the_interpreter_is_restored(triton_fl
         pass
     triton_flash.flash_forward(q, k, v)  # after the block: not counted
     assert outside.total == 0 and traffic.total == 4 * (3 * 16 + 17)
+    with triton_flash.count_traffic() as outer:
+        with triton_flash.count_traffic() as inner:
+            triton_flash.flash_forward(q, k, v)
+        triton_flash.flash_forward(q, k, v)
+    assert inner.total == traffic.total and outer.total == 2 * traffic.total
+    assert "create_masked_load" not in vars(interpreter.interpreter_builder)
 
 
 def test_standard_attention_equals_tiled_attention(triton_flash, torch):

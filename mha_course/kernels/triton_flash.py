@@ -685,7 +685,8 @@ def count_traffic():
     elements, the ones a GPU would move between its memory (HBM) and the chip. Loads of
     masked-off elements (a tail block past the end) move nothing and count nothing. The
     interpreter must be running the kernels (no GPU, or ``TRITON_INTERPRET=1``); on a GPU use
-    a profiler (Nsight Compute) instead.
+    a profiler (Nsight Compute) instead. Counts nest: an inner ``with`` counts its kernels in
+    both. (Tensor-descriptor loads, TMA, are not counted; these kernels use none.)
 
     >>> g = torch.Generator().manual_seed(0)
     >>> q, k, v = (torch.randn(1, 1, 20, 16, generator=g) for _ in range(3))
@@ -734,12 +735,16 @@ def count_traffic():
 
     original_load, original_store = builder.create_masked_load, builder.create_masked_store
     original_run = executor.__call__
+    outer = {name: vars(builder)[name] for name in ("create_masked_load", "create_masked_store")
+             if name in vars(builder)}  # an enclosing count_traffic's, when nested
     builder.create_masked_load, builder.create_masked_store = load, store
     executor.__call__ = run
     try:
         yield traffic
     finally:
         del builder.create_masked_load, builder.create_masked_store  # back to the class's
+        for name, method in outer.items():
+            setattr(builder, name, method)
         executor.__call__ = original_run
 
 
