@@ -296,3 +296,22 @@ def test_the_kernels_compile_for_a_gpu_without_one(triton_flash, tmp_path, monke
 def test_compile_for_gpu_refuses_an_unknown_kernel(triton_flash):
     with pytest.raises(ValueError, match=r"compile_for_gpu: kernel is 'fwd'; expected one of"):
         triton_flash.compile_for_gpu("fwd")
+
+
+def test_triton_imported_too_early_without_a_gpu_is_said_plainly(triton_flash):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if not triton_flash.INTERPRETED:
+        pytest.skip("the kernels run compiled here")
+    code = ("import triton, torch\nfrom mha_course.kernels import triton_flash as tf\n"
+            "q = torch.zeros(1, 1, 4, 16)\ntf.flash_forward(q, q, q)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=env, timeout=300)
+    assert result.returncode != 0
+    assert "RuntimeError: triton was imported before mha_course.kernels.triton_flash" in (
+        result.stderr)

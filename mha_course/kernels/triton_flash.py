@@ -20,7 +20,9 @@ torch CPU tensors, slowly: importing this module on a machine without CUDA sets
   interpreter runs kernels (masked-off elements not counted), and the closed forms
   :func:`standard_attention_bytes`, :func:`flash_forward_bytes` and
   :func:`flash_backward_bytes` that equal those counts (FlashAttention's Theorem 2, on these
-  kernels).
+  kernels);
+- :func:`compile_for_gpu`: the same kernels compiled by Triton for an NVIDIA GPU, without one:
+  their PTX, and the shared memory, warps and pipelining stages of a launch.
 
 Needs the ``kernels`` extra (``pip install -e '.[kernels]'``: triton and torch); ``import
 mha_course`` never imports this module. Shapes: q (B, h, T, d), k and v (B, g, S, d), float32.
@@ -31,15 +33,19 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sys
 from dataclasses import dataclass, field
 
 from .._validate import fail, fmt_shape
 
+_TRITON_TOO_EARLY = False  # triton was imported before the interpreter could be chosen
 try:
     import torch
 
     if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"  # no GPU: the interpreter runs the kernels
+        # triton's own library (tl.sum, tl.max, ...) was compiled-mode already: it cannot run
+        _TRITON_TOO_EARLY = "triton" in sys.modules
     import triton
     import triton.language as tl
 except ImportError as _exc:  # the extra is not installed: the module imports, the kernels refuse
@@ -56,12 +62,19 @@ KERNELS_MISSING = (
 
 
 def require_triton() -> None:
-    """Raise a clear ``ImportError`` when triton or torch is missing.
+    """Raise a clear ``ImportError`` when triton or torch is missing, and a ``RuntimeError``
+    when triton was imported, without a GPU, before this module could choose its interpreter.
 
     >>> require_triton() if HAS_TRITON else None
     """
     if not HAS_TRITON:
         raise ImportError(f"{KERNELS_MISSING} ({_IMPORT_ERROR})")
+    if _TRITON_TOO_EARLY:
+        raise RuntimeError(
+            "triton was imported before mha_course.kernels.triton_flash on a machine without a "
+            "GPU, so Triton's interpreter cannot run the kernels: restart Python and import "
+            "mha_course.kernels.triton_flash first (or set TRITON_INTERPRET=1 before importing "
+            "triton)")
 
 
 if HAS_TRITON:
