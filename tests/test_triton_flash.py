@@ -226,8 +226,8 @@ def test_bad_shapes_raise_value_errors_naming_the_function_argument_and_shapes(
 
 # ------------------------------------------------------------------ the optional dependency
 def test_without_triton_the_tests_skip_with_one_line_unless_ci_requires_them(tmp_path):
-    """A `triton` that fails to import: the fixture skips with the install hint, or fails when
-    MHA_COURSE_REQUIRE_TRITON=1."""
+    """A `triton` and a `torch` that fail to import: the fixture skips with the install hint,
+    or fails when MHA_COURSE_REQUIRE_TRITON=1."""
     import os
     import subprocess
     import sys
@@ -240,7 +240,8 @@ def test_without_triton_the_tests_skip_with_one_line_unless_ci_requires_them(tmp
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     fake = tmp_path / "fake_site"
     fake.mkdir()
-    (fake / "triton.py").write_text("raise ImportError('triton is not installed (test stub)')\n")
+    for name in ("triton", "torch"):  # neither imports (a fake torch also keeps it quick)
+        (fake / f"{name}.py").write_text(f"raise ImportError('{name} is not installed (stub)')\n")
     env = {k: v for k, v in os.environ.items() if k != "MHA_COURSE_REQUIRE_TRITON"}
     env["PYTHONPATH"] = os.pathsep.join([str(fake), str(root)])
     env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
