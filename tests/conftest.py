@@ -4,6 +4,9 @@
   skipped with a message saying how to install it, except when ``MHA_COURSE_REQUIRE_TORCH=1``
   (``.ci/run`` sets it): then a missing torch is a failure, so CI cannot pass with the parity
   tests silently skipped.
+- ``triton_flash``: :mod:`mha_course.kernels.triton_flash` for the Triton kernels' tests (triton
+  and torch, the ``kernels`` extra), skipped without them except when
+  ``MHA_COURSE_REQUIRE_TRITON=1`` (``.ci/run`` sets it), the same way.
 - ``rng``: a seeded NumPy generator, fresh for each test.
 - :func:`random_layer`: a ``MultiHeadAttention`` whose every parameter is random and nonzero
   (imported by the test modules as ``from conftest import random_layer``).
@@ -26,6 +29,10 @@ from mha_course import MultiHeadAttention
 
 TORCH_MISSING = (
     "install the 'reference' extra (pip install -e '.[reference]') to run the parity tests"
+)
+
+TRITON_MISSING = (
+    "install the 'kernels' extra (pip install -e '.[kernels]') to run the Triton kernels' tests"
 )
 
 settings.register_profile(
@@ -57,6 +64,29 @@ def import_torch_or_skip():
 def torch():
     """PyTorch, for the parity tests (see the module docstring for skip versus fail)."""
     return import_torch_or_skip()
+
+
+def import_triton_flash_or_skip():
+    """Return :mod:`mha_course.kernels.triton_flash`; skip without triton and torch, or fail when
+    CI requires them (``MHA_COURSE_REQUIRE_TRITON=1``)."""
+    from mha_course.kernels import triton_flash
+
+    if not triton_flash.HAS_TRITON:
+        if os.environ.get("MHA_COURSE_REQUIRE_TRITON") == "1":
+            pytest.fail(
+                "MHA_COURSE_REQUIRE_TRITON=1 but triton or torch cannot be imported "
+                f"({triton_flash._IMPORT_ERROR}); " + TRITON_MISSING,
+                pytrace=False,
+            )
+        pytest.skip(TRITON_MISSING)
+    return triton_flash
+
+
+@pytest.fixture(scope="session")
+def triton_flash():
+    """The Triton kernels' module, for their tests (see the module docstring for skip versus
+    fail)."""
+    return import_triton_flash_or_skip()
 
 
 @pytest.fixture
@@ -96,8 +126,20 @@ SLOW_TESTS = {  # single end-to-end tests in files that are otherwise fast
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark the end-to-end tests ``slow``: the files above, single tests, the browser tests."""
+    """Mark the end-to-end tests ``slow``: the files above, single tests, the browser tests.
+
+    Also skip the Triton module's doctests without triton and torch (``pytest --doctest-modules
+    mha_course``), unless ``MHA_COURSE_REQUIRE_TRITON=1``."""
+    triton_missing = None
     for item in items:
+        if (item.name.startswith("mha_course.kernels.triton_flash")
+                and os.environ.get("MHA_COURSE_REQUIRE_TRITON") != "1"):
+            if triton_missing is None:
+                from mha_course.kernels import triton_flash
+
+                triton_missing = not triton_flash.HAS_TRITON
+            if triton_missing:
+                item.add_marker(pytest.mark.skip(reason=TRITON_MISSING))
         path = getattr(item, "path", None)
         in_browser = path is not None and path.parent.name == "browser"
         if ((path is not None and path.name in SLOW_FILES) or in_browser

@@ -1,0 +1,826 @@
+"""FlashAttention-2 in Triton: the forward and backward kernels a GPU runs, and their traffic.
+
+Taught in ``notebooks/deep_dives/07c_triton_kernels.ipynb`` (lesson 07's deep dive). Lesson 07
+writes FlashAttention-2's loop in NumPy (:func:`mha_course.kernels.tiled.tiled_attention`); here
+the same loop is a Triton kernel: one *program* per (batch, query head, block of queries), its
+query block held in fast on-chip memory (SRAM) while it walks the key/value blocks. The same
+source compiles for a GPU unchanged; without one, Triton's interpreter runs it on the CPU with
+torch CPU tensors, slowly: importing this module on a machine without CUDA sets
+``TRITON_INTERPRET=1`` (unless it is already set) before the kernels are defined
+(``INTERPRETED`` says which way they run).
+
+- :func:`flash_forward`: ``(o, lse)``, causal or not (bottom-right aligned when T != S), grouped
+  query attention by program id (query head ``i`` reads K/V head ``i // (h // g)``, K and V are
+  never copied), any lengths (the tail blocks are masked), the log-sum-exp saved;
+- :func:`flash_backward`: ``(dq, dk, dv)`` from the saved log-sum-exp and
+  ``D = rowsum(dO ∘ O)``, the weights recomputed tile by tile and never stored;
+- :func:`standard_attention`: attention as three kernels that write the (T, S) scores and
+  weights to memory and read them back, the baseline of the traffic count;
+- :func:`count_traffic`: the bytes every ``tl.load`` and ``tl.store`` moves while the
+  interpreter runs kernels (masked-off elements not counted), and the closed forms
+  :func:`standard_attention_bytes`, :func:`flash_forward_bytes` and
+  :func:`flash_backward_bytes` that equal those counts (FlashAttention's Theorem 2, on these
+  kernels);
+- :func:`compile_for_gpu`: the same kernels compiled by Triton for an NVIDIA GPU, without one:
+  their PTX, and the shared memory, warps and pipelining stages of a launch.
+
+Needs the ``kernels`` extra (``pip install -e '.[kernels]'``: triton and torch); ``import
+mha_course`` never imports this module. Shapes: q (B, h, T, d), k and v (B, g, S, d), float32.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+
+from .._validate import fail, fmt_shape
+
+_TRITON_TOO_EARLY = False  # triton was imported before the interpreter could be chosen
+try:
+    import torch
+
+    if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"  # no GPU: the interpreter runs the kernels
+        # triton's own library (tl.sum, tl.max, ...) was compiled-mode already: it cannot run
+        _TRITON_TOO_EARLY = "triton" in sys.modules
+    import triton
+    import triton.language as tl
+except ImportError as _exc:  # the extra is not installed: the module imports, the kernels refuse
+    HAS_TRITON = False
+    _IMPORT_ERROR: ImportError | None = _exc
+else:
+    HAS_TRITON = True
+    _IMPORT_ERROR = None
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+KERNELS_MISSING = (
+    "mha_course.kernels.triton_flash needs triton and torch: pip install -e '.[kernels]'"
+)
+
+
+def require_triton() -> None:
+    """Raise a clear ``ImportError`` when triton or torch is missing, and a ``RuntimeError``
+    when triton was imported, without a GPU, before this module could choose its interpreter.
+
+    >>> require_triton() if HAS_TRITON else None
+    """
+    if not HAS_TRITON:
+        raise ImportError(f"{KERNELS_MISSING} ({_IMPORT_ERROR})")
+    if _TRITON_TOO_EARLY:
+        raise RuntimeError(
+            "triton was imported before mha_course.kernels.triton_flash on a machine without a "
+            "GPU, so Triton's interpreter cannot run the kernels: restart Python and import "
+            "mha_course.kernels.triton_flash first (or set TRITON_INTERPRET=1 before importing "
+            "triton)")
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _flash_fwd_kernel(
+        Q, K, V, O, LSE, sm_scale,
+        sqb, sqh, sqt, sqd, skb, skh, sks, skd, svb, svh, svs, svd,
+        sob, soh, sot, sod, slb, slh, slt,
+        H, G, T, S, D,
+        CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+    ):
+        # One program: one block of BLOCK_M queries of one (batch, query head).
+        pid_m = tl.program_id(0)
+        pid_bh = tl.program_id(1)
+        b = pid_bh // H
+        hq = pid_bh % H
+        hk = hq // (H // G)  # grouped query attention: the K/V head this query head reads
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, BLOCK_D)
+        row_ok = offs_m < T
+        d_ok = offs_d < D
+        q = tl.load(Q + b * sqb + hq * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
+                    mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        k_base = K + b * skb + hk * skh
+        v_base = V + b * svb + hk * svh
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running max
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of exp(x - m)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)  # running sum of exp(x - m) v
+        hi = S
+        if CAUSAL:  # causal early exit: key blocks wholly in the future are never visited
+            hi = tl.minimum(S, tl.maximum(0, (pid_m + 1) * BLOCK_M + S - T))
+        for start_n in range(0, hi, BLOCK_N):
+            cols = start_n + offs_n
+            col_ok = cols < S
+            kt = tl.load(k_base + cols[None, :] * sks + offs_d[:, None] * skd,
+                         mask=col_ok[None, :] & d_ok[:, None], other=0.0)  # (BLOCK_D, BLOCK_N)
+            s = tl.dot(q, kt, input_precision="ieee") * sm_scale
+            ok = row_ok[:, None] & col_ok[None, :]
+            if CAUSAL:  # bottom-right: query t sees key s iff s <= t + S - T
+                ok = ok & (cols[None, :] <= offs_m[:, None] + (S - T))
+            s = tl.where(ok, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # all masked so far: no NaN
+            p = tl.exp(s - shift[:, None])
+            alpha = tl.exp(m_i - shift)  # rescale what was accumulated under the old max
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(v_base + cols[:, None] * svs + offs_d[None, :] * svd,
+                        mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+            m_i = m_new
+        # a query that saw no allowed key: l = 0, acc = 0, output 0 and lse = -inf
+        l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+        out = acc / l_safe[:, None]
+        lse = tl.where(l_i == 0.0, float("-inf"),
+                       tl.where(m_i == float("-inf"), 0.0, m_i) + tl.log(l_safe))
+        tl.store(O + b * sob + hq * soh + offs_m[:, None] * sot + offs_d[None, :] * sod, out,
+                 mask=row_ok[:, None] & d_ok[None, :])
+        tl.store(LSE + b * slb + hq * slh + offs_m * slt, lse, mask=row_ok)
+
+
+    @triton.jit
+    def _bwd_preprocess_kernel(O, DO, DELTA, sob, soh, sot, sod, sdb, sdh, sdt, sdd,
+                               H, T, D, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+        # D = rowsum(dO * O), one number per query: the softmax backward's correction term
+        pid_m = tl.program_id(0)
+        pid_bh = tl.program_id(1)
+        b = pid_bh // H
+        hq = pid_bh % H
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, BLOCK_D)
+        ok = (offs_m < T)[:, None] & (offs_d < D)[None, :]
+        o = tl.load(O + b * sob + hq * soh + offs_m[:, None] * sot + offs_d[None, :] * sod,
+                    mask=ok, other=0.0)
+        do = tl.load(DO + b * sdb + hq * sdh + offs_m[:, None] * sdt + offs_d[None, :] * sdd,
+                     mask=ok, other=0.0)
+        tl.store(DELTA + pid_bh * T + offs_m, tl.sum(o * do, 1), mask=offs_m < T)
+
+    @triton.jit
+    def _bwd_dkdv_kernel(
+        Q, K, V, DO, LSE, DELTA, DK, DV, sm_scale,
+        sqb, sqh, sqt, sqd, skb, skh, sks, skd, svb, svh, svs, svd,
+        sdb, sdh, sdt, sdd, slb, slh, slt,
+        H, G, T, S, D,
+        CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+    ):
+        # One program: one block of BLOCK_N keys of one (batch, K/V head). It loops over the
+        # group's query heads and their query blocks, so dK and dV are summed over the group
+        # in registers and written once: no atomics.
+        pid_n = tl.program_id(0)
+        pid_bg = tl.program_id(1)
+        b = pid_bg // G
+        hk = pid_bg % G
+        group = H // G
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_m0 = tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, BLOCK_D)
+        col_ok = offs_n < S
+        d_ok = offs_d < D
+        kv_ok = col_ok[:, None] & d_ok[None, :]
+        k = tl.load(K + b * skb + hk * skh + offs_n[:, None] * sks + offs_d[None, :] * skd,
+                    mask=kv_ok, other=0.0)
+        v = tl.load(V + b * svb + hk * svh + offs_n[:, None] * svs + offs_d[None, :] * svd,
+                    mask=kv_ok, other=0.0)
+        dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+        dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+        lo = 0
+        if CAUSAL:  # query blocks wholly before this key block's first key see none of it
+            lo = tl.maximum(0, pid_n * BLOCK_N - (S - T)) // BLOCK_M * BLOCK_M
+        for j in range(0, group):
+            hq = hk * group + j
+            for start_m in range(lo, T, BLOCK_M):
+                offs_m = start_m + offs_m0
+                row_ok = offs_m < T
+                q_ok = row_ok[:, None] & d_ok[None, :]
+                q = tl.load(Q + b * sqb + hq * sqh + offs_m[:, None] * sqt
+                            + offs_d[None, :] * sqd, mask=q_ok, other=0.0)
+                do = tl.load(DO + b * sdb + hq * sdh + offs_m[:, None] * sdt
+                             + offs_d[None, :] * sdd, mask=q_ok, other=0.0)
+                lse = tl.load(LSE + b * slb + hq * slh + offs_m * slt, mask=row_ok, other=0.0)
+                delta = tl.load(DELTA + (b * H + hq) * T + offs_m, mask=row_ok, other=0.0)
+                s = tl.dot(q, tl.trans(k), input_precision="ieee") * sm_scale
+                ok = row_ok[:, None] & col_ok[None, :]
+                if CAUSAL:
+                    ok = ok & (offs_n[None, :] <= offs_m[:, None] + (S - T))
+                # the weights, recomputed from the saved lse (never stored); a query with no
+                # allowed key has lse = -inf and weights 0
+                lse = tl.where(lse == float("-inf"), 0.0, lse)
+                p = tl.exp(tl.where(ok, s, float("-inf")) - lse[:, None])
+                dv += tl.dot(tl.trans(p), do, input_precision="ieee")
+                dp = tl.dot(do, tl.trans(v), input_precision="ieee")
+                ds = p * (dp - delta[:, None])
+                dk += tl.dot(tl.trans(ds), q, input_precision="ieee")
+        tl.store(DK + pid_bg * S * D + offs_n[:, None] * D + offs_d[None, :], dk * sm_scale,
+                 mask=kv_ok)
+        tl.store(DV + pid_bg * S * D + offs_n[:, None] * D + offs_d[None, :], dv, mask=kv_ok)
+
+    @triton.jit
+    def _bwd_dq_kernel(
+        Q, K, V, DO, LSE, DELTA, DQ, sm_scale,
+        sqb, sqh, sqt, sqd, skb, skh, sks, skd, svb, svh, svs, svd,
+        sdb, sdh, sdt, sdd, slb, slh, slt,
+        H, G, T, S, D,
+        CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+    ):
+        # One program: one block of BLOCK_M queries of one (batch, query head), walking the
+        # key blocks as the forward does.
+        pid_m = tl.program_id(0)
+        pid_bh = tl.program_id(1)
+        b = pid_bh // H
+        hq = pid_bh % H
+        hk = hq // (H // G)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n0 = tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, BLOCK_D)
+        row_ok = offs_m < T
+        d_ok = offs_d < D
+        q_ok = row_ok[:, None] & d_ok[None, :]
+        q = tl.load(Q + b * sqb + hq * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
+                    mask=q_ok, other=0.0)
+        do = tl.load(DO + b * sdb + hq * sdh + offs_m[:, None] * sdt + offs_d[None, :] * sdd,
+                     mask=q_ok, other=0.0)
+        lse = tl.load(LSE + b * slb + hq * slh + offs_m * slt, mask=row_ok, other=0.0)
+        lse = tl.where(lse == float("-inf"), 0.0, lse)
+        delta = tl.load(DELTA + pid_bh * T + offs_m, mask=row_ok, other=0.0)
+        dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        hi = S
+        if CAUSAL:
+            hi = tl.minimum(S, tl.maximum(0, (pid_m + 1) * BLOCK_M + S - T))
+        for start_n in range(0, hi, BLOCK_N):
+            offs_n = start_n + offs_n0
+            col_ok = offs_n < S
+            kv_ok = col_ok[:, None] & d_ok[None, :]
+            k = tl.load(K + b * skb + hk * skh + offs_n[:, None] * sks + offs_d[None, :] * skd,
+                        mask=kv_ok, other=0.0)
+            v = tl.load(V + b * svb + hk * svh + offs_n[:, None] * svs + offs_d[None, :] * svd,
+                        mask=kv_ok, other=0.0)
+            s = tl.dot(q, tl.trans(k), input_precision="ieee") * sm_scale
+            ok = row_ok[:, None] & col_ok[None, :]
+            if CAUSAL:
+                ok = ok & (offs_n[None, :] <= offs_m[:, None] + (S - T))
+            p = tl.exp(tl.where(ok, s, float("-inf")) - lse[:, None])
+            dp = tl.dot(do, tl.trans(v), input_precision="ieee")
+            ds = p * (dp - delta[:, None])
+            dq += tl.dot(ds, k, input_precision="ieee")
+        tl.store(DQ + pid_bh * T * D + offs_m[:, None] * D + offs_d[None, :], dq * sm_scale,
+                 mask=q_ok)
+
+    @triton.jit
+    def _std_scores_kernel(Q, K, SC, sm_scale, sqb, sqh, sqt, sqd, skb, skh, sks, skd,
+                           H, G, T, S, D, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+                           BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+        # standard attention, step 1: one (BLOCK_M, BLOCK_N) tile of scores, written out
+        pid_m = tl.program_id(0)
+        pid_n = tl.program_id(1)
+        pid_bh = tl.program_id(2)
+        b = pid_bh // H
+        hq = pid_bh % H
+        hk = hq // (H // G)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, BLOCK_D)
+        row_ok = offs_m < T
+        col_ok = offs_n < S
+        d_ok = offs_d < D
+        q = tl.load(Q + b * sqb + hq * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
+                    mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        kt = tl.load(K + b * skb + hk * skh + offs_n[None, :] * sks + offs_d[:, None] * skd,
+                     mask=col_ok[None, :] & d_ok[:, None], other=0.0)
+        s = tl.dot(q, kt, input_precision="ieee") * sm_scale
+        if CAUSAL:
+            s = tl.where(offs_n[None, :] <= offs_m[:, None] + (S - T), s, float("-inf"))
+        tl.store(SC + pid_bh * T * S + offs_m[:, None] * S + offs_n[None, :], s,
+                 mask=row_ok[:, None] & col_ok[None, :])
+
+    @triton.jit
+    def _std_softmax_kernel(SC, P, T, S, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr):
+        # step 2: read a block of whole rows of scores, write their weights
+        pid_m = tl.program_id(0)
+        pid_bh = tl.program_id(1)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_s = tl.arange(0, BLOCK_S)
+        ok = (offs_m < T)[:, None] & (offs_s < S)[None, :]
+        ptrs = pid_bh * T * S + offs_m[:, None] * S + offs_s[None, :]
+        s = tl.load(SC + ptrs, mask=ok, other=float("-inf"))
+        m = tl.max(s, 1)
+        e = tl.exp(s - tl.where(m == float("-inf"), 0.0, m)[:, None])
+        total = tl.sum(e, 1)
+        tl.store(P + ptrs, e / tl.where(total == 0.0, 1.0, total)[:, None], mask=ok)
+
+    @triton.jit
+    def _std_pv_kernel(P, V, O, svb, svh, svs, svd, H, G, T, S, D, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+        # step 3: read the weights back, block by block of keys, times V
+        pid_m = tl.program_id(0)
+        pid_bh = tl.program_id(1)
+        b = pid_bh // H
+        hk = (pid_bh % H) // (H // G)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n0 = tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, BLOCK_D)
+        row_ok = offs_m < T
+        d_ok = offs_d < D
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        for start_n in range(0, S, BLOCK_N):
+            offs_n = start_n + offs_n0
+            col_ok = offs_n < S
+            p = tl.load(P + pid_bh * T * S + offs_m[:, None] * S + offs_n[None, :],
+                        mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+            v = tl.load(V + b * svb + hk * svh + offs_n[:, None] * svs + offs_d[None, :] * svd,
+                        mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+            acc += tl.dot(p, v, input_precision="ieee")
+        tl.store(O + pid_bh * T * D + offs_m[:, None] * D + offs_d[None, :], acc,
+                 mask=row_ok[:, None] & d_ok[None, :])
+
+
+def _check_block(func: str, name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 16 or value & (value - 1):
+        raise fail(func, f"{name} is {value!r}; expected a power of two >= 16 (tl.dot's minimum)")
+    return value
+
+
+def _check_tensor(func: str, name: str, x, ndim: int, letters: str):
+    if not isinstance(x, torch.Tensor):
+        raise fail(func, f"{name} is a {type(x).__name__}; expected a torch tensor {letters}")
+    if x.ndim != ndim:
+        raise fail(func, f"{name} has shape {fmt_shape(x.shape)}; expected {letters}")
+    if x.dtype != torch.float32:
+        raise fail(func, f"{name} has dtype {x.dtype}; expected torch.float32")
+    return x
+
+
+def _check_qkv(func: str, q, k, v):
+    """The shapes of q (B, h, T, d), k and v (B, g, S, d) with h % g == 0; returns them."""
+    _check_tensor(func, "q", q, 4, "(B, h, T, d)")
+    _check_tensor(func, "k", k, 4, "(B, g, S, d)")
+    _check_tensor(func, "v", v, 4, "(B, g, S, d)")
+    B, h, T, d = q.shape
+    _, g, S, _ = k.shape
+    if k.shape[0] != B or k.shape[3] != d or g < 1 or h % g:
+        raise fail(func, f"k has shape {fmt_shape(k.shape)}; expected (B, g, S, d) with B={B}, "
+                         f"d={d} (from q) and g dividing h={h}")
+    if tuple(v.shape) != tuple(k.shape):
+        raise fail(func, f"v has shape {fmt_shape(v.shape)}; expected (B, g, S, d) = "
+                         f"{fmt_shape(k.shape)} (from k)")
+    if T < 1 or S < 1 or d < 1:
+        raise fail(func, f"q has shape {fmt_shape(q.shape)} and k {fmt_shape(k.shape)}; "
+                         "expected T, S and d >= 1")
+    if not (q.device == k.device == v.device):
+        raise fail(func, f"q, k, v are on {q.device}, {k.device}, {v.device}; expected one device")
+    return B, h, g, T, S, d
+
+
+def flash_forward(q, k, v, *, causal=False, block_m=16, block_n=16, num_warps=None,
+                  num_stages=None):
+    """FlashAttention-2's forward in Triton: ``(o, lse)`` without the (T, S) matrix.
+
+    One program per (block of ``block_m`` queries, batch × query head): it loads its query
+    block once, walks the key/value blocks of ``block_n`` keys with an online softmax (the
+    running max ``m``, sum ``l`` and unnormalised output, rescaled by ``exp(m_old - m_new)``
+    when the max moves), and writes its output block and log-sum-exp once.
+
+    Parameters
+    ----------
+    q : torch.Tensor, float32, shape (B, h, T, d)
+    k, v : torch.Tensor, float32, shape (B, g, S, d)
+        ``g`` K/V heads, ``g`` dividing ``h``: query head ``i`` reads K/V head ``i // (h // g)``
+        (grouped query attention; g = h is multi-head, g = 1 multi-query).
+    causal : bool, default False
+        Query ``t`` sees key ``s`` iff ``s <= t + S - T`` (the queries are the last T of S
+        positions, as :func:`mha_course.causal_mask`). Key blocks wholly in the future are
+        skipped. With T > S the first T - S queries see no key: output 0, lse ``-inf``.
+    block_m, block_n : int, default 16
+        Queries and keys per tile: powers of two >= 16. Any lengths T, S work (tail blocks are
+        masked); any d works (padded to a power of two >= 16 inside the kernel).
+    num_warps, num_stages : int, optional
+        On a GPU: the warps that share one program's block, and the software-pipelining stages
+        (how many K/V blocks are in flight in shared memory while one is computed on); Triton's
+        defaults when omitted. The interpreter ignores them.
+
+    Returns
+    -------
+    o : torch.Tensor, float32, shape (B, h, T, d)
+    lse : torch.Tensor, float32, shape (B, h, T)
+        Natural-log log-sum-exp of each query's scaled (1/√d), masked scores.
+
+    Raises
+    ------
+    ImportError
+        Without triton and torch (the ``kernels`` extra).
+    ValueError
+        Naming ``flash_forward``, the argument, its shape and the shape expected.
+
+    Examples
+    --------
+    >>> g = torch.Generator().manual_seed(0)
+    >>> q = torch.randn(1, 2, 5, 16, generator=g)
+    >>> k, v = torch.randn(1, 1, 7, 16, generator=g), torch.randn(1, 1, 7, 16, generator=g)
+    >>> o, lse = flash_forward(q, k, v, causal=True)
+    >>> o.shape, lse.shape
+    (torch.Size([1, 2, 5, 16]), torch.Size([1, 2, 5]))
+    >>> ref = torch.nn.functional.scaled_dot_product_attention(
+    ...     q, k.expand(1, 2, 7, 16), v.expand(1, 2, 7, 16),
+    ...     attn_mask=torch.ones(5, 7, dtype=torch.bool).tril(2))
+    >>> bool(torch.allclose(o, ref, atol=1e-5))
+    True
+    """
+    func = "flash_forward"
+    require_triton()
+    B, h, g, T, S, d = _check_qkv(func, q, k, v)
+    block_m = _check_block(func, "block_m", block_m)
+    block_n = _check_block(func, "block_n", block_n)
+    o = torch.empty((B, h, T, d), dtype=torch.float32, device=q.device)
+    lse = torch.empty((B, h, T), dtype=torch.float32, device=q.device)
+    grid = (triton.cdiv(T, block_m), B * h)
+    _flash_fwd_kernel[grid](
+        q, k, v, o, lse, 1.0 / math.sqrt(d),
+        *q.stride(), *k.stride(), *v.stride(), *o.stride(), *lse.stride(),
+        h, g, T, S, d,
+        CAUSAL=bool(causal), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_block_d(d),
+        **_launch_options(func, num_warps, num_stages),
+    )
+    return o, lse
+
+
+def _launch_options(func: str, num_warps, num_stages) -> dict:
+    options = {}
+    for name, value in (("num_warps", num_warps), ("num_stages", num_stages)):
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise fail(func, f"{name} is {value!r}; expected an integer >= 1 or None")
+            options[name] = value
+    return options
+
+
+def _block_d(d: int) -> int:
+    return max(16, triton.next_power_of_2(d))
+
+
+def _check_like(func: str, name: str, x, shape: tuple, letters: str, device):
+    _check_tensor(func, name, x, len(shape), letters)
+    if tuple(x.shape) != tuple(shape):
+        raise fail(func, f"{name} has shape {fmt_shape(x.shape)}; expected {letters} = "
+                         f"{fmt_shape(shape)} (from q)")
+    if x.device != device:
+        raise fail(func, f"{name} is on {x.device}; expected {device} (from q)")
+    return x
+
+
+def flash_backward(q, k, v, o, lse, do, *, causal=False, block_m=16, block_n=16,
+                   num_warps=None, num_stages=None):
+    """FlashAttention-2's backward in Triton: ``(dq, dk, dv)`` from the saved log-sum-exp.
+
+    Three kernels. A small one computes ``D = rowsum(dO ∘ O)`` per query (the term the softmax
+    backward subtracts: ``dS = P ∘ (dP - D)`` with ``dP = dO Vᵀ``). Then one program per (key
+    block, batch × K/V head) holds its K and V block, loops over the query heads of its group
+    and their query blocks, recomputes each tile of weights ``P = exp(scores - lse)`` (never
+    stored) and accumulates ``dV += Pᵀ dO`` and ``dK += dSᵀ Q / √d``: the group's sum is made
+    in registers and written once, with no atomics. Last one program per (query block, batch ×
+    query head) walks the key blocks as the forward does for ``dQ += dS K / √d``.
+
+    Parameters
+    ----------
+    q, k, v : torch.Tensor
+        As :func:`flash_forward`.
+    o, lse : torch.Tensor, shapes (B, h, T, d) and (B, h, T)
+        :func:`flash_forward`'s outputs for these inputs.
+    do : torch.Tensor, shape (B, h, T, d)
+        dLoss/do.
+    causal, block_m, block_n, num_warps, num_stages
+        As :func:`flash_forward` (the same ``causal``; the blocks may differ).
+
+    Returns
+    -------
+    dq : torch.Tensor, shape (B, h, T, d)
+    dk, dv : torch.Tensor, shape (B, g, S, d)
+        Summed over the ``h // g`` query heads that share each K/V head.
+
+    Raises
+    ------
+    ImportError, ValueError
+        As :func:`flash_forward` (``ValueError`` naming ``flash_backward``).
+
+    Examples
+    --------
+    >>> g = torch.Generator().manual_seed(0)
+    >>> q = torch.randn(1, 2, 5, 16, generator=g, requires_grad=True)
+    >>> k = torch.randn(1, 1, 7, 16, generator=g, requires_grad=True)
+    >>> v = torch.randn(1, 1, 7, 16, generator=g, requires_grad=True)
+    >>> o, lse = flash_forward(q.detach(), k.detach(), v.detach())
+    >>> do = torch.randn(1, 2, 5, 16, generator=g)
+    >>> dq, dk, dv = flash_backward(q.detach(), k.detach(), v.detach(), o, lse, do)
+    >>> ref = torch.nn.functional.scaled_dot_product_attention(
+    ...     q, k.expand(1, 2, 7, 16), v.expand(1, 2, 7, 16))
+    >>> ref.backward(do)
+    >>> [bool(torch.allclose(a, b.grad, atol=1e-5)) for a, b in ((dq, q), (dk, k), (dv, v))]
+    [True, True, True]
+    """
+    func = "flash_backward"
+    require_triton()
+    B, h, g, T, S, d = _check_qkv(func, q, k, v)
+    _check_like(func, "o", o, (B, h, T, d), "(B, h, T, d)", q.device)
+    _check_like(func, "lse", lse, (B, h, T), "(B, h, T)", q.device)
+    _check_like(func, "do", do, (B, h, T, d), "(B, h, T, d)", q.device)
+    block_m = _check_block(func, "block_m", block_m)
+    block_n = _check_block(func, "block_n", block_n)
+    bd, scale = _block_d(d), 1.0 / math.sqrt(d)
+    delta = torch.empty((B, h, T), dtype=torch.float32, device=q.device)
+    _bwd_preprocess_kernel[(triton.cdiv(T, block_m), B * h)](
+        o, do, delta, *o.stride(), *do.stride(), h, T, d, BLOCK_M=block_m, BLOCK_D=bd)
+    dq = torch.empty((B, h, T, d), dtype=torch.float32, device=q.device)
+    dk = torch.empty((B, g, S, d), dtype=torch.float32, device=q.device)
+    dv = torch.empty((B, g, S, d), dtype=torch.float32, device=q.device)
+    common = dict(CAUSAL=bool(causal), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=bd,
+                  **_launch_options(func, num_warps, num_stages))
+    strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride(), *lse.stride())
+    _bwd_dkdv_kernel[(triton.cdiv(S, block_n), B * g)](
+        q, k, v, do, lse, delta, dk, dv, scale, *strides, h, g, T, S, d, **common)
+    _bwd_dq_kernel[(triton.cdiv(T, block_m), B * h)](
+        q, k, v, do, lse, delta, dq, scale, *strides, h, g, T, S, d, **common)
+    return dq, dk, dv
+
+
+def standard_attention(q, k, v, *, causal=False, block_m=16, block_n=16):
+    """Standard attention as three Triton kernels that write the (T, S) matrices to memory.
+
+    The baseline of the traffic count (FlashAttention's Algorithm 0): one kernel writes the
+    scores tile by tile, one reads them back a block of rows at a time and writes the weights,
+    one reads the weights back with V and writes the output. Same shapes and arguments as
+    :func:`flash_forward` (causal masks the scores; nothing is skipped); returns ``o``.
+
+    >>> g = torch.Generator().manual_seed(0)
+    >>> q, k, v = (torch.randn(1, 2, 9, 16, generator=g) for _ in range(3))
+    >>> bool(torch.allclose(standard_attention(q, k, v, causal=True),
+    ...                     flash_forward(q, k, v, causal=True)[0], atol=1e-5))
+    True
+    """
+    func = "standard_attention"
+    require_triton()
+    B, h, g, T, S, d = _check_qkv(func, q, k, v)
+    block_m = _check_block(func, "block_m", block_m)
+    block_n = _check_block(func, "block_n", block_n)
+    bd = _block_d(d)
+    scores = torch.empty((B, h, T, S), dtype=torch.float32, device=q.device)
+    weights = torch.empty_like(scores)
+    o = torch.empty((B, h, T, d), dtype=torch.float32, device=q.device)
+    _std_scores_kernel[(triton.cdiv(T, block_m), triton.cdiv(S, block_n), B * h)](
+        q, k, scores, 1.0 / math.sqrt(d), *q.stride(), *k.stride(), h, g, T, S, d,
+        CAUSAL=bool(causal), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=bd)
+    _std_softmax_kernel[(triton.cdiv(T, block_m), B * h)](
+        scores, weights, T, S, BLOCK_M=block_m, BLOCK_S=max(16, triton.next_power_of_2(S)))
+    _std_pv_kernel[(triton.cdiv(T, block_m), B * h)](
+        weights, v, o, *v.stride(), h, g, T, S, d, BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_D=bd)
+    return o
+
+
+# ------------------------------------------------------------------ the same source, for a GPU
+_KERNELS = {  # name -> (the kernel, its pointer arguments)
+    "forward": ("_flash_fwd_kernel", {"Q", "K", "V", "O", "LSE"}),
+    "backward_dkdv": ("_bwd_dkdv_kernel", {"Q", "K", "V", "DO", "LSE", "DELTA", "DK", "DV"}),
+    "backward_dq": ("_bwd_dq_kernel", {"Q", "K", "V", "DO", "LSE", "DELTA", "DQ"}),
+}
+
+
+@dataclass
+class GpuBuild:
+    """What :func:`compile_for_gpu` returns: the PTX and Triton's GPU IR of one kernel, and
+    what its launch needs (bytes of shared memory per program, warps, pipelining stages)."""
+
+    kernel: str
+    arch: int
+    ptx: str
+    ttgir: str
+    shared: int
+    num_warps: int
+    num_stages: int
+
+
+def compile_for_gpu(kernel="forward", *, causal=False, block_m=64, block_n=64, d=64,
+                    num_warps=4, num_stages=3, arch=90):
+    """Compile one of the kernels for an NVIDIA GPU, without one: Triton's own compiler.
+
+    The source is the one the interpreter runs; the compiler turns it into Triton's GPU IR
+    (``ttgir``: the layouts of each block across the warps) and PTX, the GPU's assembly, which
+    shows what it becomes (``cp.async``: the loads ``num_stages`` pipelines; ``ex2.approx``:
+    the exponentials). The compilation runs in a fresh Python (a process that runs the
+    interpreter cannot also compile), in seconds to a minute per kernel.
+
+    Parameters
+    ----------
+    kernel : {"forward", "backward_dkdv", "backward_dq"}
+    causal, block_m, block_n, d
+        As :func:`flash_forward` (``d`` is padded to a power of two >= 16).
+    num_warps, num_stages, arch : int
+        Warps per program, software-pipelining stages, the target's compute capability times
+        ten (80 an A100, 90 an H100).
+
+    Returns
+    -------
+    GpuBuild
+    """
+    func = "compile_for_gpu"
+    require_triton()
+    if kernel not in _KERNELS:
+        raise fail(func, f"kernel is {kernel!r}; expected one of {sorted(_KERNELS)}")
+    block_m = _check_block(func, "block_m", block_m)
+    block_n = _check_block(func, "block_n", block_n)
+    for name, value in (("d", d), ("num_warps", num_warps), ("num_stages", num_stages),
+                        ("arch", arch)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise fail(func, f"{name} is {value!r}; expected an integer >= 1")
+    import json
+    import subprocess
+    import sys
+
+    request = dict(kernel=kernel, causal=bool(causal), block_m=block_m, block_n=block_n,
+                   block_d=_block_d(d), num_warps=num_warps, num_stages=num_stages, arch=arch)
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "TRITON_INTERPRET": "0",
+           "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH"))
+                                         if p)}
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    result = subprocess.run(
+        [sys.executable, "-c", "import sys\nfrom mha_course.kernels.triton_flash import "
+         "_compile_main\n_compile_main(sys.argv[1])", json.dumps(request)],
+        capture_output=True, text=True, env=env, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"{func}: Triton's compiler failed:\n{result.stderr[-4000:]}")
+    return GpuBuild(**json.loads(result.stdout.strip().splitlines()[-1]))
+
+
+def _compile_main(request: str) -> None:
+    """:func:`compile_for_gpu`'s other half, in the fresh Python: compile, print JSON."""
+    import json
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    r = json.loads(request)
+    name, pointers = _KERNELS[r["kernel"]]
+    fn = globals()[name]
+    constexprs = dict(CAUSAL=r["causal"], BLOCK_M=r["block_m"], BLOCK_N=r["block_n"],
+                      BLOCK_D=r["block_d"])
+    signature = {a: "constexpr" if a in constexprs else "*fp32" if a in pointers
+                 else "fp32" if a == "sm_scale" else "i32" for a in fn.arg_names}
+    source = ASTSource(fn, signature,
+                       constexprs={(fn.arg_names.index(a),): v for a, v in constexprs.items()})
+    built = triton.compile(source, target=GPUTarget("cuda", r["arch"], 32),
+                           options={"num_warps": r["num_warps"], "num_stages": r["num_stages"]})
+    print(json.dumps(dict(kernel=r["kernel"], arch=r["arch"], ptx=built.asm["ptx"],
+                          ttgir=built.asm["ttgir"], shared=built.metadata.shared,
+                          num_warps=built.metadata.num_warps,
+                          num_stages=built.metadata.num_stages)))
+
+# ------------------------------------------------------------------ memory traffic
+@dataclass
+class Traffic:
+    """Bytes moved by ``tl.load`` (``loaded``) and ``tl.store`` (``stored``) inside
+    :func:`count_traffic`; ``per_kernel`` maps each kernel's name to its ``[loaded, stored]``."""
+
+    loaded: int = 0
+    stored: int = 0
+    per_kernel: dict = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return self.loaded + self.stored
+
+
+@contextlib.contextmanager
+def count_traffic():
+    """Count the bytes every ``tl.load`` and ``tl.store`` moves while kernels run inside it.
+
+    Wraps the Triton interpreter's memory operations (its builder's masked load and store, which
+    every ``tl.load``/``tl.store`` goes through): each adds the bytes of its *unmasked*
+    elements, the ones a GPU would move between its memory (HBM) and the chip. Loads of
+    masked-off elements (a tail block past the end) move nothing and count nothing. The
+    interpreter must be running the kernels (no GPU, or ``TRITON_INTERPRET=1``); on a GPU use
+    a profiler (Nsight Compute) instead. Counts nest: an inner ``with`` counts its kernels in
+    both. (Tensor-descriptor loads, TMA, are not counted; these kernels use none.)
+
+    >>> g = torch.Generator().manual_seed(0)
+    >>> q, k, v = (torch.randn(1, 1, 20, 16, generator=g) for _ in range(3))
+    >>> with count_traffic() as traffic:
+    ...     _ = flash_forward(q, k, v)
+    >>> traffic.loaded, traffic.stored  # q once; k and v once per query block (2 blocks)
+    (6400, 1360)
+    >>> traffic.total == flash_forward_bytes(1, 1, 1, 20, 20, 16)
+    True
+    """
+    require_triton()
+    if not INTERPRETED:
+        raise RuntimeError("count_traffic: the kernels run on a GPU here, not in Triton's "
+                           "interpreter (TRITON_INTERPRET=1); measure with a profiler")
+    import numpy as np
+    from triton.runtime import interpreter
+
+    builder, executor = interpreter.interpreter_builder, interpreter.GridExecutor
+    traffic = Traffic()
+    current = ["?"]
+
+    def tally(kind: int, n_bytes: int) -> None:
+        counts = traffic.per_kernel.setdefault(current[0], [0, 0])
+        counts[kind] += n_bytes
+        if kind == 0:
+            traffic.loaded += n_bytes
+        else:
+            traffic.stored += n_bytes
+
+    def load(ptrs, mask, *args, **kwargs):
+        itemsize = np.dtype(interpreter._get_np_dtype(ptrs.get_element_ty())).itemsize
+        tally(0, int(np.broadcast_to(mask.data, ptrs.data.shape).sum()) * itemsize)
+        return original_load(ptrs, mask, *args, **kwargs)
+
+    def store(ptrs, value, mask, *args, **kwargs):
+        itemsize = value.data.dtype.itemsize
+        tally(1, int(np.broadcast_to(mask.data, ptrs.data.shape).sum()) * itemsize)
+        return original_store(ptrs, value, mask, *args, **kwargs)
+
+    def run(self, *args, **kwargs):
+        outer, current[0] = current[0], self.fn.__name__.lstrip("_")
+        try:
+            return original_run(self, *args, **kwargs)
+        finally:
+            current[0] = outer
+
+    original_load, original_store = builder.create_masked_load, builder.create_masked_store
+    original_run = executor.__call__
+    outer = {name: vars(builder)[name] for name in ("create_masked_load", "create_masked_store")
+             if name in vars(builder)}  # an enclosing count_traffic's, when nested
+    builder.create_masked_load, builder.create_masked_store = load, store
+    executor.__call__ = run
+    try:
+        yield traffic
+    finally:
+        del builder.create_masked_load, builder.create_masked_store  # back to the class's
+        for name, method in outer.items():
+            setattr(builder, name, method)
+        executor.__call__ = original_run
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _causal_keys(T: int, S: int, t0: int, block_m: int, block_n: int) -> int:
+    """Keys a causal program of queries [t0, t0 + block_m) loads: its key blocks up to the
+    diagonal, whole blocks, but none past S."""
+    hi = min(S, max(0, t0 + block_m + S - T))
+    return min(S, _cdiv(hi, block_n) * block_n)
+
+
+def flash_forward_bytes(B, h, g, T, S, d, *, causal=False, block_m=16, block_n=16,
+                        itemsize=4):
+    """Bytes :func:`flash_forward` moves, in closed form (equal to :func:`count_traffic`'s).
+
+    Each program reads its query block once and writes its output block and lse once; it
+    reads K and V once per query block. Without causal masking::
+
+        itemsize · B·h · (2·T·d + T + 2 · ⌈T/block_m⌉ · S·d)
+
+    i.e. Θ(N·d + N²·d/block_m) for T = S = N: FlashAttention's Theorem 2, Θ(N²d²/M), with an
+    SRAM of M numbers holding blocks of block_m ~ M/d queries. With ``causal`` each query
+    block reads only the key blocks up to its diagonal (about half for T = S). ``g`` does not
+    appear: every query head reads its group's K/V block itself (only a cache shares them).
+    """
+    keys = (sum(_causal_keys(T, S, t0, block_m, block_n) for t0 in range(0, T, block_m))
+            if causal else _cdiv(T, block_m) * S)
+    return itemsize * B * h * (2 * T * d + T + 2 * keys * d)
+
+
+def standard_attention_bytes(B, h, g, T, S, d, *, causal=False, block_m=16, block_n=16,
+                             itemsize=4):
+    """Bytes :func:`standard_attention` moves, in closed form (equal to the count)::
+
+        itemsize · B·h · (4·T·S + ⌈S/block_n⌉·T·d + 2·⌈T/block_m⌉·S·d + T·d)
+
+    the scores written and read back, the weights written and read back (4·T·S), q read once
+    per key block, k once per query block, v once per query block, the output written. With
+    blocks >= d the re-reads are at most 3·T·S: Θ(N·d + N²) for T = S = N, Theorem 2's
+    standard attention. ``causal`` masks but skips nothing, so it changes no byte.
+    """
+    return itemsize * B * h * (4 * T * S + _cdiv(S, block_n) * T * d
+                               + 2 * _cdiv(T, block_m) * S * d + T * d)
+
+
+def flash_backward_bytes(B, h, g, T, S, d, *, causal=False, block_m=16, block_n=16,
+                         itemsize=4):
+    """Bytes :func:`flash_backward` moves, in closed form (equal to the count).
+
+    ``D``: O and dO read, D written (2·T·d + T per head). dK/dV: each key block's K and V read
+    and its dK, dV written once per K/V head (4·S·d per K/V head), and for every query block
+    it visits, q, dO, lse and D read (2·d + 2 per query). dQ: q, dO, lse, D read and dQ
+    written once (3·T·d + 2·T per head), K and V read once per query block as in the forward.
+    Without causal masking, T = S = N: Θ(N·d + N²·d/block) as the forward.
+    """
+    if causal:
+        rows = sum(max(0, T - max(0, s0 - (S - T)) // block_m * block_m)
+                   for s0 in range(0, S, block_n))
+        keys = sum(_causal_keys(T, S, t0, block_m, block_n) for t0 in range(0, T, block_m))
+    else:
+        rows, keys = _cdiv(S, block_n) * T, _cdiv(T, block_m) * S
+    per_q_head = (2 * T * d + T) + rows * (2 * d + 2) + (3 * T * d + 2 * T) + 2 * keys * d
+    return itemsize * (B * h * per_q_head + B * g * 4 * S * d)
