@@ -42,8 +42,10 @@ $(VENV)/.installed-app: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -e '.[app]'
 	touch $@
 
+# The test tools and the kernels extra (Triton and PyTorch), so that the Triton kernels' tests
+# and lesson 07's deep dive run (tests/test_triton_flash.py).
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -e '.[test]'
+	$(BIN)/python -m pip install -e '.[test,kernels]'
 	touch $@
 
 # JupyterLab opens my-work/, the learner's own copies of the lessons and exercises (made and kept
@@ -145,6 +147,7 @@ bench: $(VENV)/.installed-test $(NBGRADER_VENV)/bin/nbgrader
 	$(BIN)/python benchmarks/gpt.py $(ARGS)
 	$(BIN)/python benchmarks/explorer_redraw.py
 	$(BIN)/python benchmarks/grading.py $(ARGS)
+	$(BIN)/python benchmarks/triton_flash.py $(if $(filter --quick,$(ARGS)),--quick,)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -126,8 +126,20 @@ SLOW_TESTS = {  # single end-to-end tests in files that are otherwise fast
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark the end-to-end tests ``slow``: the files above, single tests, the browser tests."""
+    """Mark the end-to-end tests ``slow``: the files above, single tests, the browser tests.
+
+    Also skip the Triton module's doctests without triton and torch (``pytest --doctest-modules
+    mha_course``), unless ``MHA_COURSE_REQUIRE_TRITON=1``."""
+    triton_missing = None
     for item in items:
+        if (item.name.startswith("mha_course.kernels.triton_flash")
+                and os.environ.get("MHA_COURSE_REQUIRE_TRITON") != "1"):
+            if triton_missing is None:
+                from mha_course.kernels import triton_flash
+
+                triton_missing = not triton_flash.HAS_TRITON
+            if triton_missing:
+                item.add_marker(pytest.mark.skip(reason=TRITON_MISSING))
         path = getattr(item, "path", None)
         in_browser = path is not None and path.parent.name == "browser"
         if ((path is not None and path.name in SLOW_FILES) or in_browser

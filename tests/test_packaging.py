@@ -124,6 +124,17 @@ def test_extras_hold_the_test_tools_and_the_reference():
     extras = load_pyproject()["project"]["optional-dependencies"]
     assert {"pytest", "hypothesis", "nbval", "ruff"} <= runtime_names(extras["test"])
     assert runtime_names(extras["reference"]) == {"torch"}
+    # the Triton kernels (issue 35): pinned, and torch beside triton for its interpreter
+    assert sorted(extras["kernels"]) == ["torch==2.13.0", "triton==3.9.0"]
+
+
+def test_make_test_installs_the_kernels_extra_and_ci_requires_it():
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    recipe = makefile.split("$(VENV)/.installed-test:", 1)[1].split("\n\n", 1)[0]
+    assert "pip install -e '.[test,kernels]'" in recipe
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert "export MHA_COURSE_REQUIRE_TRITON=1" in ci
+    assert "pip install -q torch==2.13.0" in ci
 
 
 def test_torch_marker_is_registered():

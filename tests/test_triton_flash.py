@@ -247,3 +247,24 @@ def test_without_triton_the_tests_skip_with_one_line_unless_ci_requires_them(tmp
                             capture_output=True, text=True, timeout=120)
     assert failed.returncode != 0 and "MHA_COURSE_REQUIRE_TRITON=1" in failed.stdout
     assert "skipped" not in failed.stdout
+
+
+# ------------------------------------------------------------------ the GPU benchmark
+def test_the_gpu_benchmark_says_it_needs_a_gpu_and_exits_0_on_a_cpu():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None and torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is here: run benchmarks/triton_flash.py itself")
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "triton_flash.py"
+    result = subprocess.run([sys.executable, str(script), "--quick"], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("benchmarks/triton_flash.py needs a CUDA GPU")
+    assert "nothing timed" in lines[0] or "install" in lines[0]

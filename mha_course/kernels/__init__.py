@@ -8,7 +8,12 @@ equal to the readable one:
   scores at a time with an online softmax, and the log-sum-exp it saves for the backward pass;
 - :mod:`~mha_course.kernels.lean`: every fast path of the NumPy course: the layer's forward
   ordered for speed and memory, the softmax a block of rows at a time (L2-sized), and tiled
-  attention with its four CPU savings (``Tricks``).
+  attention with its four CPU savings (``Tricks``);
+- :mod:`~mha_course.kernels.triton_flash` (lesson 07's deep dive,
+  ``notebooks/deep_dives/07c_triton_kernels.ipynb``): FlashAttention-2's forward and backward as
+  Triton kernels, run by Triton's interpreter without a GPU, and the bytes they move. It needs
+  the ``kernels`` extra (triton, torch), so this ``__init__`` never imports it: import
+  ``mha_course.kernels.triton_flash`` yourself.
 
 What it may import: the attention itself (the top level) and NumPy; nothing above it imports
 it except the serving wing (split-KV decoding runs the tiled loop), the widgets (the tile
