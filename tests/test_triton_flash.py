@@ -268,3 +268,24 @@ def test_the_gpu_benchmark_says_it_needs_a_gpu_and_exits_0_on_a_cpu():
     lines = result.stdout.splitlines()
     assert len(lines) == 1 and lines[0].startswith("benchmarks/triton_flash.py needs a CUDA GPU")
     assert "nothing timed" in lines[0] or "install" in lines[0]
+
+
+# ------------------------------------------------------------------ the same source on a GPU
+@pytest.mark.slow
+def test_the_kernels_compile_for_a_gpu_without_one(triton_flash, tmp_path, monkeypatch):
+    """Triton's compiler, not its interpreter, turns the forward kernel into PTX for an H100
+    (sm_90): the source the interpreter runs is one a GPU can run. (The backward's kernels
+    compile too, ``compile_for_gpu("backward_dkdv")``; one kernel keeps this test short.)"""
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))  # a throwaway cache
+    for name in ("forward",):
+        built = triton_flash.compile_for_gpu(name, causal=True, block_m=64, block_n=64, d=64,
+                                             num_stages=2)
+        assert (built.kernel, built.arch, built.num_warps, built.num_stages) == (name, 90, 4, 2)
+        assert ".target sm_90" in built.ptx and "ex2.approx.f32" in built.ptx
+        assert built.shared >= 2 * 64 * 64 * 4  # at least a K and a V block in shared memory
+        assert "cp.async" in built.ptx or "cp.async.bulk" in built.ptx
+
+
+def test_compile_for_gpu_refuses_an_unknown_kernel(triton_flash):
+    with pytest.raises(ValueError, match=r"compile_for_gpu: kernel is 'fwd'; expected one of"):
+        triton_flash.compile_for_gpu("fwd")
