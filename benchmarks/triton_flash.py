@@ -16,7 +16,9 @@ Shapes: q (B, h, N, d), k and v (B, g, N, d), float32 (the kernel's dtype; its m
 are exact float32, ``input_precision="ieee"``, not TF32). For each N it prints:
 
 - the kernel's forward time (``triton.testing.do_bench``: the median over repeats, after a
-  warm-up that compiles it) for the block sizes given (``--blocks``, default 64);
+  warm-up that compiles it) for the block sizes given (``--blocks``, default 64; ``--warps``
+  and ``--stages`` set ``num_warps`` and ``num_stages``); a block that does not fit the
+  device's shared memory is said so and skipped;
 - the ratio to ``torch.nn.functional.scaled_dot_product_attention`` restricted to its fused
   kernels (memory-efficient or flash: no (N, N) matrix in memory), with ``enable_gqa`` (or, if
   no fused kernel takes it, K and V expanded to h heads before timing, said in the output);
@@ -61,6 +63,9 @@ def parse(argv):
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--blocks", type=int, nargs="+", default=[64],
                         help="block_m = block_n values to time")
+    parser.add_argument("--warps", type=int, default=None, help="num_warps (Triton's default)")
+    parser.add_argument("--stages", type=int, default=None,
+                        help="num_stages (Triton's default)")
     parser.add_argument("--bandwidth", type=float, default=None,
                         help="memory bandwidth in GB/s (default: the table, else measured)")
     return parser.parse_args(argv)
@@ -93,7 +98,7 @@ def device_bandwidth(torch, given_gbs):
 
     x = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
     y = torch.empty_like(x)
-    ms = triton.testing.do_bench(lambda: y.copy_(x))
+    ms = triton.testing.do_bench(lambda: y.copy_(x), return_mode="median")
     return 2 * x.numel() / (ms * 1e-3), f"{name}, measured by a 256 MiB copy"
 
 
@@ -139,14 +144,19 @@ def main(argv=None) -> int:
                                       v.repeat_interleave(h // g, 1), False)
             ref = fused()
             print(f"N={n}: SDPA's fused kernels refuse enable_gqa; K and V expanded for it")
-        t_sdpa = triton.testing.do_bench(fused) * 1e-3
+        t_sdpa = triton.testing.do_bench(fused, return_mode="median") * 1e-3
         compulsory = 4 * (2 * B * h * n * d + B * h * n + 2 * B * g * n * d)
         flops = 4 * B * h * n * n * d * (0.5 if args.causal else 1.0)
         for block in args.blocks:
             run = functools.partial(tf.flash_forward, q, k, v, causal=args.causal,
-                                    block_m=block, block_n=block)
-            err = (run()[0] - ref).abs().max().item()
-            t = triton.testing.do_bench(run) * 1e-3
+                                    block_m=block, block_n=block, num_warps=args.warps,
+                                    num_stages=args.stages)
+            try:
+                err = (run()[0] - ref).abs().max().item()
+            except triton.runtime.errors.OutOfResources as exc:  # e.g. shared memory
+                print(f"N={n:5d} block {block:3d}: does not fit this GPU ({exc})")
+                continue
+            t = triton.testing.do_bench(run, return_mode="median") * 1e-3
             blocks_bytes = tf.flash_forward_bytes(B, h, g, n, n, d, causal=args.causal,
                                                   block_m=block, block_n=block)
             print(f"N={n:5d} block {block:3d}: {t * 1e3:8.3f} ms, {t / t_sdpa:5.2f}x SDPA fused "

@@ -176,6 +176,12 @@ def test_masked_elements_move_no_bytes_and_the_interpreter_is_restored(triton_fl
         pass
     triton_flash.flash_forward(q, k, v)  # after the block: not counted
     assert outside.total == 0 and traffic.total == 4 * (3 * 16 + 17)
+    with triton_flash.count_traffic() as outer:
+        with triton_flash.count_traffic() as inner:
+            triton_flash.flash_forward(q, k, v)
+        triton_flash.flash_forward(q, k, v)
+    assert inner.total == traffic.total and outer.total == 2 * traffic.total
+    assert "create_masked_load" not in vars(interpreter.interpreter_builder)
 
 
 def test_standard_attention_equals_tiled_attention(triton_flash, torch):
@@ -205,6 +211,7 @@ def test_bad_shapes_raise_value_errors_naming_the_function_argument_and_shapes(
         (lambda: f(q.numpy(), k, v), r"flash_forward: q is a ndarray; expected a torch tensor"),
         (lambda: f(q, k, v, block_m=24), r"flash_forward: block_m is 24; expected a power of two"),
         (lambda: f(q, k, v, block_n=8), r"flash_forward: block_n is 8; expected a power of two"),
+        (lambda: f(q, k, v, num_warps=0), r"flash_forward: num_warps is 0; expected an integer"),
     ]
     for call, message in cases:
         with pytest.raises(ValueError, match=message):
@@ -219,8 +226,8 @@ def test_bad_shapes_raise_value_errors_naming_the_function_argument_and_shapes(
 
 # ------------------------------------------------------------------ the optional dependency
 def test_without_triton_the_tests_skip_with_one_line_unless_ci_requires_them(tmp_path):
-    """A `triton` that fails to import: the fixture skips with the install hint, or fails when
-    MHA_COURSE_REQUIRE_TRITON=1."""
+    """A `triton` and a `torch` that fail to import: the fixture skips with the install hint,
+    or fails when MHA_COURSE_REQUIRE_TRITON=1."""
     import os
     import subprocess
     import sys
@@ -233,7 +240,8 @@ def test_without_triton_the_tests_skip_with_one_line_unless_ci_requires_them(tmp
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     fake = tmp_path / "fake_site"
     fake.mkdir()
-    (fake / "triton.py").write_text("raise ImportError('triton is not installed (test stub)')\n")
+    for name in ("triton", "torch"):  # neither imports (a fake torch also keeps it quick)
+        (fake / f"{name}.py").write_text(f"raise ImportError('{name} is not installed (stub)')\n")
     env = {k: v for k, v in os.environ.items() if k != "MHA_COURSE_REQUIRE_TRITON"}
     env["PYTHONPATH"] = os.pathsep.join([str(fake), str(root)])
     env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
@@ -289,3 +297,22 @@ def test_the_kernels_compile_for_a_gpu_without_one(triton_flash, tmp_path, monke
 def test_compile_for_gpu_refuses_an_unknown_kernel(triton_flash):
     with pytest.raises(ValueError, match=r"compile_for_gpu: kernel is 'fwd'; expected one of"):
         triton_flash.compile_for_gpu("fwd")
+
+
+def test_triton_imported_too_early_without_a_gpu_is_said_plainly(triton_flash):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if not triton_flash.INTERPRETED:
+        pytest.skip("the kernels run compiled here")
+    code = ("import triton, torch\nfrom mha_course.kernels import triton_flash as tf\n"
+            "q = torch.zeros(1, 1, 4, 16)\ntf.flash_forward(q, q, q)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=env, timeout=300)
+    assert result.returncode != 0
+    assert "RuntimeError: triton was imported before mha_course.kernels.triton_flash" in (
+        result.stderr)

@@ -20,7 +20,9 @@ torch CPU tensors, slowly: importing this module on a machine without CUDA sets
   interpreter runs kernels (masked-off elements not counted), and the closed forms
   :func:`standard_attention_bytes`, :func:`flash_forward_bytes` and
   :func:`flash_backward_bytes` that equal those counts (FlashAttention's Theorem 2, on these
-  kernels).
+  kernels);
+- :func:`compile_for_gpu`: the same kernels compiled by Triton for an NVIDIA GPU, without one:
+  their PTX, and the shared memory, warps and pipelining stages of a launch.
 
 Needs the ``kernels`` extra (``pip install -e '.[kernels]'``: triton and torch); ``import
 mha_course`` never imports this module. Shapes: q (B, h, T, d), k and v (B, g, S, d), float32.
@@ -31,15 +33,19 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sys
 from dataclasses import dataclass, field
 
 from .._validate import fail, fmt_shape
 
+_TRITON_TOO_EARLY = False  # triton was imported before the interpreter could be chosen
 try:
     import torch
 
     if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"  # no GPU: the interpreter runs the kernels
+        # triton's own library (tl.sum, tl.max, ...) was compiled-mode already: it cannot run
+        _TRITON_TOO_EARLY = "triton" in sys.modules
     import triton
     import triton.language as tl
 except ImportError as _exc:  # the extra is not installed: the module imports, the kernels refuse
@@ -56,12 +62,19 @@ KERNELS_MISSING = (
 
 
 def require_triton() -> None:
-    """Raise a clear ``ImportError`` when triton or torch is missing.
+    """Raise a clear ``ImportError`` when triton or torch is missing, and a ``RuntimeError``
+    when triton was imported, without a GPU, before this module could choose its interpreter.
 
     >>> require_triton() if HAS_TRITON else None
     """
     if not HAS_TRITON:
         raise ImportError(f"{KERNELS_MISSING} ({_IMPORT_ERROR})")
+    if _TRITON_TOO_EARLY:
+        raise RuntimeError(
+            "triton was imported before mha_course.kernels.triton_flash on a machine without a "
+            "GPU, so Triton's interpreter cannot run the kernels: restart Python and import "
+            "mha_course.kernels.triton_flash first (or set TRITON_INTERPRET=1 before importing "
+            "triton)")
 
 
 if HAS_TRITON:
@@ -359,7 +372,8 @@ def _check_qkv(func: str, q, k, v):
     return B, h, g, T, S, d
 
 
-def flash_forward(q, k, v, *, causal=False, block_m=16, block_n=16):
+def flash_forward(q, k, v, *, causal=False, block_m=16, block_n=16, num_warps=None,
+                  num_stages=None):
     """FlashAttention-2's forward in Triton: ``(o, lse)`` without the (T, S) matrix.
 
     One program per (block of ``block_m`` queries, batch × query head): it loads its query
@@ -380,6 +394,10 @@ def flash_forward(q, k, v, *, causal=False, block_m=16, block_n=16):
     block_m, block_n : int, default 16
         Queries and keys per tile: powers of two >= 16. Any lengths T, S work (tail blocks are
         masked); any d works (padded to a power of two >= 16 inside the kernel).
+    num_warps, num_stages : int, optional
+        On a GPU: the warps that share one program's block, and the software-pipelining stages
+        (how many K/V blocks are in flight in shared memory while one is computed on); Triton's
+        defaults when omitted. The interpreter ignores them.
 
     Returns
     -------
@@ -420,10 +438,20 @@ def flash_forward(q, k, v, *, causal=False, block_m=16, block_n=16):
         q, k, v, o, lse, 1.0 / math.sqrt(d),
         *q.stride(), *k.stride(), *v.stride(), *o.stride(), *lse.stride(),
         h, g, T, S, d,
-        CAUSAL=bool(causal), BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_D=max(16, triton.next_power_of_2(d)),
+        CAUSAL=bool(causal), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_block_d(d),
+        **_launch_options(func, num_warps, num_stages),
     )
     return o, lse
+
+
+def _launch_options(func: str, num_warps, num_stages) -> dict:
+    options = {}
+    for name, value in (("num_warps", num_warps), ("num_stages", num_stages)):
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise fail(func, f"{name} is {value!r}; expected an integer >= 1 or None")
+            options[name] = value
+    return options
 
 
 def _block_d(d: int) -> int:
@@ -440,7 +468,8 @@ def _check_like(func: str, name: str, x, shape: tuple, letters: str, device):
     return x
 
 
-def flash_backward(q, k, v, o, lse, do, *, causal=False, block_m=16, block_n=16):
+def flash_backward(q, k, v, o, lse, do, *, causal=False, block_m=16, block_n=16,
+                   num_warps=None, num_stages=None):
     """FlashAttention-2's backward in Triton: ``(dq, dk, dv)`` from the saved log-sum-exp.
 
     Three kernels. A small one computes ``D = rowsum(dO ∘ O)`` per query (the term the softmax
@@ -459,7 +488,7 @@ def flash_backward(q, k, v, o, lse, do, *, causal=False, block_m=16, block_n=16)
         :func:`flash_forward`'s outputs for these inputs.
     do : torch.Tensor, shape (B, h, T, d)
         dLoss/do.
-    causal, block_m, block_n
+    causal, block_m, block_n, num_warps, num_stages
         As :func:`flash_forward` (the same ``causal``; the blocks may differ).
 
     Returns
@@ -503,7 +532,8 @@ def flash_backward(q, k, v, o, lse, do, *, causal=False, block_m=16, block_n=16)
     dq = torch.empty((B, h, T, d), dtype=torch.float32, device=q.device)
     dk = torch.empty((B, g, S, d), dtype=torch.float32, device=q.device)
     dv = torch.empty((B, g, S, d), dtype=torch.float32, device=q.device)
-    common = dict(CAUSAL=bool(causal), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=bd)
+    common = dict(CAUSAL=bool(causal), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=bd,
+                  **_launch_options(func, num_warps, num_stages))
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride(), *lse.stride())
     _bwd_dkdv_kernel[(triton.cdiv(S, block_n), B * g)](
         q, k, v, do, lse, delta, dk, dv, scale, *strides, h, g, T, S, d, **common)
@@ -668,7 +698,8 @@ def count_traffic():
     elements, the ones a GPU would move between its memory (HBM) and the chip. Loads of
     masked-off elements (a tail block past the end) move nothing and count nothing. The
     interpreter must be running the kernels (no GPU, or ``TRITON_INTERPRET=1``); on a GPU use
-    a profiler (Nsight Compute) instead.
+    a profiler (Nsight Compute) instead. Counts nest: an inner ``with`` counts its kernels in
+    both. (Tensor-descriptor loads, TMA, are not counted; these kernels use none.)
 
     >>> g = torch.Generator().manual_seed(0)
     >>> q, k, v = (torch.randn(1, 1, 20, 16, generator=g) for _ in range(3))
@@ -717,12 +748,16 @@ def count_traffic():
 
     original_load, original_store = builder.create_masked_load, builder.create_masked_store
     original_run = executor.__call__
+    outer = {name: vars(builder)[name] for name in ("create_masked_load", "create_masked_store")
+             if name in vars(builder)}  # an enclosing count_traffic's, when nested
     builder.create_masked_load, builder.create_masked_store = load, store
     executor.__call__ = run
     try:
         yield traffic
     finally:
         del builder.create_masked_load, builder.create_masked_store  # back to the class's
+        for name, method in outer.items():
+            setattr(builder, name, method)
         executor.__call__ = original_run
 
 
