@@ -42,6 +42,7 @@ Exercise 03.3 passed: (T, T) bool masks for T = 1, 4, 7 match mha_course.causal_
 
 from .drill import *  # noqa: F403
 from .harness import CheckFailed
+from .kernels import *  # noqa: F403
 from .lesson01 import *  # noqa: F403
 from .lesson02 import *  # noqa: F403
 from .lesson03 import *  # noqa: F403
