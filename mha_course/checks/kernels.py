@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 
 import numpy as np
 
 from .. import tiled_attention
-from .harness import call, check_rng, fail, fmt_pair, passed
+from .harness import CheckFailed, check_rng, fail, fmt_pair, passed
 
 __all__ = [
     "check_causal_mask_tile",
@@ -133,21 +134,73 @@ def _unwrap(exc: BaseException) -> BaseException:
     return exc
 
 
-def _launch(ex, kernel, grid, memory, args, names, kwargs):
-    """Run ``kernel[grid](*args, **kwargs)`` watched; return the guard zones it touched."""
+def launch_watched(kernel, grid, specs, kwargs) -> dict:
+    """Build the tensors ``specs`` describes, launch ``kernel[grid]`` on them, watched.
+
+    ``specs`` lists the kernel's positional arguments: ``("in", name, array)`` for an input,
+    ``("out", name, shape)`` for an output (filled with NaN), anything else as it is. Each
+    tensor is followed in memory by GUARD rows of NaN. A plain Python function (not a Triton
+    kernel) is called with the same arguments. Returns ``{"out": {name: array}, "read": [...],
+    "wrote": [...], "stored": [...]}``: the outputs and the tensors whose guard rows an active
+    lane read or wrote, and those stored into. The learner's own exception is raised, not the
+    interpreter's ``InterpreterError`` around it.
+
+    In grading mode the checker runs this in the learner's kernel (``op: launch``, see
+    :mod:`mha_course.grading.running.remote`): the kernel lives there, and only what this
+    returns, arrays and names, comes back.
+    """
+    mem = _Memory()
+    args, outs = [], {}
+    for spec in specs:
+        if isinstance(spec, tuple) and len(spec) == 3 and spec[0] in ("in", "out"):
+            kind, name, value = spec
+            args.append(mem.tensor(name, value) if kind == "in" else mem.empty(name, value))
+            if kind == "out":
+                outs[name] = args[-1]
+        else:
+            args.append(spec)
+    with _watch(mem) as hits, warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")  # NaN and inf of a wrong kernel: judged, not warned
+        try:
+            if _is_kernel(kernel):
+                kernel[grid](*args, **kwargs)
+            else:
+                kernel(*args, **kwargs)
+        except Exception as exc:
+            raise _unwrap(exc) from None
+    return {"out": {name: _np(t) for name, t in outs.items()}, **hits}
+
+
+def _launch(ex, kernel, grid, specs, kwargs):
+    """Run the learner's kernel through :func:`launch_watched`, here or (grading mode) in the
+    learner's kernel; turn its exception into a :class:`CheckFailed` (the stub's unchanged)."""
     _modules()
-    if _is_kernel(kernel):
-        def run(*a, **k):
-            try:
-                kernel[grid](*a, **k)
-            except Exception as exc:
-                raise _unwrap(exc) from None
-        who = "your kernel"
-    else:
-        run, who = kernel, "your kernel (a plain function here)"
-    with _watch(memory) as hits:
-        call(ex, run, args, names, kwargs=kwargs, inplace=False, who=who)
-    return hits
+    if not callable(kernel) and not _is_kernel(kernel):
+        raise fail(ex, f"expected your @triton.jit kernel, got {type(kernel).__name__}: pass "
+                       "the kernel itself (check_x(my_kernel)), not a launch of it")
+    remote = getattr(kernel, "mha_course_remote_launch", None)
+    try:
+        if remote is not None:
+            return remote(grid, specs, kwargs)
+        return launch_watched(kernel, grid, specs, kwargs)
+    except (NotImplementedError, CheckFailed):
+        raise
+    except Exception as exc:
+        shapes = ", ".join(f"{s[1]} {tuple(np.shape(s[2])) if s[0] == 'in' else tuple(s[2])}"
+                           for s in specs if isinstance(s, tuple) and len(s) == 3)
+        raise fail(ex, f"your kernel raised {type(exc).__name__}: {exc}\n  (launched on the "
+                       f"grid {grid} with {shapes} and {kwargs})") from exc
+
+
+def _out(ex, hits, name, shape) -> np.ndarray:
+    """Output ``name`` of a launch, as float64, checked to be what the launch returns."""
+    try:
+        arr = np.asarray(hits["out"][name], dtype=float)
+    except (KeyError, TypeError, ValueError):
+        raise fail(ex, f"the launch did not return the output {name}") from None
+    if arr.shape != tuple(shape):
+        raise fail(ex, f"the launch returned {name} of shape {arr.shape}; expected {shape}")
+    return arr
 
 
 def _np(t) -> np.ndarray:
@@ -226,22 +279,20 @@ def check_online_softmax_kernel(kernel) -> None:
     """Exercise 07.7: ``flash_forward(Q, K, V, O, LSE, T, S, scale, D, BLOCK_M, BLOCK_N)``."""
     ex = "07.7"
     rng = check_rng(707)
-    names = ("Q", "K", "V", "O", "LSE", "T", "S", "scale")
     # (T, S, d, how fast the scores rise across key blocks, what is special)
     for T, S, d, steps, label in ((20, 45, 16, 12.0, "scores that rise block by block"),
                                   (9, 16, 32, 0.0, "one key block"),
                                   (17, 40, 16, -12.0, "scores that fall block by block")):
         q, k, v = _rising(rng, T, S, d, steps)
         want_o, want_lse = tiled_attention(q, k, v, block_size=16, return_lse=True)
-        mem = _Memory()
-        args = (mem.tensor("Q", q), mem.tensor("K", k), mem.tensor("V", v),
-                mem.empty("O", (T, d)), mem.empty("LSE", (T,)), T, S, 1 / math.sqrt(d))
-        hits = _launch(ex, kernel, ((T + 15) // 16,), mem, args, names,
+        specs = [("in", "Q", q), ("in", "K", k), ("in", "V", v), ("out", "O", (T, d)),
+                 ("out", "LSE", (T,)), T, S, 1 / math.sqrt(d)]
+        hits = _launch(ex, kernel, ((T + 15) // 16,), specs,
                        {"D": d, "BLOCK_M": 16, "BLOCK_N": 16})
         what = f"for T={T} queries, S={S} keys, d={d} ({label})"
         _past_end(ex, hits, what, {"O": "store O with mask=rows[:, None] < T",
                                    "LSE": "store LSE with mask=rows < T"})
-        o, lse = _np(args[3]), _np(args[4])
+        o, lse = _out(ex, hits, "O", (T, d)), _out(ex, hits, "LSE", (T,))
         a = (q, k, v, 16)
         _judge(ex, o, want_o, f"your O {what}", [
             ("the accumulator is not rescaled when the running max grows: multiply acc by "
@@ -279,21 +330,19 @@ def check_causal_mask_tile(kernel) -> None:
     """Exercise 07.8: ``causal_forward(Q, K, V, O, LSE, T, S, scale, D, BLOCK_M, BLOCK_N)``."""
     ex = "07.8"
     rng = check_rng(708)
-    names = ("Q", "K", "V", "O", "LSE", "T", "S", "scale")
     for T, S, d in ((20, 37, 16), (32, 32, 16), (16, 48, 16)):
         q, k, v = rng.normal(size=(T, d)), rng.normal(size=(S, d)), rng.normal(size=(S, d))
         want_o, want_lse = tiled_attention(q, k, v, causal=True, block_size=16,
                                            return_lse=True)
         t, s = np.arange(T)[:, None], np.arange(S)[None, :]
-        mem = _Memory()
-        args = (mem.tensor("Q", q), mem.tensor("K", k), mem.tensor("V", v),
-                mem.empty("O", (T, d)), mem.empty("LSE", (T,)), T, S, 1 / math.sqrt(d))
-        hits = _launch(ex, kernel, ((T + 15) // 16,), mem, args, names,
+        specs = [("in", "Q", q), ("in", "K", k), ("in", "V", v), ("out", "O", (T, d)),
+                 ("out", "LSE", (T,)), T, S, 1 / math.sqrt(d)]
+        hits = _launch(ex, kernel, ((T + 15) // 16,), specs,
                        {"D": d, "BLOCK_M": 16, "BLOCK_N": 16})
         what = f"for T={T} queries, S={S} keys (offset S - T = {S - T}), blocks of 16"
         _past_end(ex, hits, what, {"K": "keep the loads masked (cols < S)",
                                    "V": "keep the loads masked (cols < S)"})
-        o, lse = _np(args[3]), _np(args[4])
+        o, lse = _out(ex, hits, "O", (T, d)), _out(ex, hits, "LSE", (T,))
         variants = [
             ("the diagonal is excluded: query t sees key s when s <= t + (S - T), '<=' not "
              "'<' (each query sees itself)", t + (S - T) > s),
@@ -341,7 +390,6 @@ def check_gqa_head_map(kernel) -> None:
     grid (query blocks, H)."""
     ex = "07.9"
     rng = check_rng(709)
-    names = ("Q", "K", "V", "O", "T", "S", "scale", "H", "G")
     for H, G, T, S, d in ((6, 2, 9, 20, 16), (8, 4, 5, 13, 16), (4, 1, 7, 18, 16)):
         q = rng.normal(size=(H, T, d))
         k, v = rng.normal(size=(G, S, d)), rng.normal(size=(G, S, d))
@@ -349,10 +397,9 @@ def check_gqa_head_map(kernel) -> None:
                           axis=1)  # (H, G, T, d): query head i against K/V head j
         want_map = np.arange(H) // (H // G)
         want = per_kv[np.arange(H), want_map]
-        mem = _Memory()
-        args = (mem.tensor("Q", q), mem.tensor("K", k), mem.tensor("V", v),
-                mem.empty("O", (H, T, d)), T, S, 1 / math.sqrt(d), H, G)
-        hits = _launch(ex, kernel, ((T + 15) // 16, H), mem, args, names,
+        specs = [("in", "Q", q), ("in", "K", k), ("in", "V", v), ("out", "O", (H, T, d)),
+                 T, S, 1 / math.sqrt(d), H, G]
+        hits = _launch(ex, kernel, ((T + 15) // 16, H), specs,
                        {"D": d, "BLOCK_M": 16, "BLOCK_N": 16})
         what = f"for h={H} query heads, g={G} K/V heads (groups of {H // G})"
         i = np.arange(H)
@@ -366,7 +413,7 @@ def check_gqa_head_map(kernel) -> None:
         ]
         _past_end(ex, {"read": [], "wrote": hits["wrote"]}, what, {
             "O": "write only this program's rows of its head: mask=rows[:, None] < T"})
-        o = _np(args[3])
+        o = _out(ex, hits, "O", (H, T, d))
         past = "K" in hits["read"] or "V" in hits["read"]
         if _close(o, want) and not past:
             continue
@@ -398,14 +445,12 @@ def check_tail_block_masks(kernel) -> None:
     """Exercise 07.10: ``tail_forward(Q, K, V, O, T, S, scale, D, BLOCK_M, BLOCK_N)``."""
     ex = "07.10"
     rng = check_rng(710)
-    names = ("Q", "K", "V", "O", "T", "S", "scale")
     for T, S, d in ((19, 21, 16), (16, 32, 16), (5, 7, 32)):
         q, k, v = rng.normal(size=(T, d)), rng.normal(size=(S, d)), rng.normal(size=(S, d))
         want = tiled_attention(q, k, v, block_size=16)
-        mem = _Memory()
-        args = (mem.tensor("Q", q), mem.tensor("K", k), mem.tensor("V", v),
-                mem.empty("O", (T, d)), T, S, 1 / math.sqrt(d))
-        hits = _launch(ex, kernel, ((T + 15) // 16,), mem, args, names,
+        specs = [("in", "Q", q), ("in", "K", k), ("in", "V", v), ("out", "O", (T, d)), T, S,
+                 1 / math.sqrt(d)]
+        hits = _launch(ex, kernel, ((T + 15) // 16,), specs,
                        {"D": d, "BLOCK_M": 16, "BLOCK_N": 16})
         what = (f"for T={T} queries, S={S} keys, blocks of 16 (the last key block has "
                 f"{S % 16 or 16} real keys)")
@@ -419,7 +464,7 @@ def check_tail_block_masks(kernel) -> None:
                  "p is 0 there, but 0 × NaN is NaN",
             "Q": "load Q with mask=rows[:, None] < T",
         })
-        o = _np(args[3])
+        o = _out(ex, hits, "O", (T, d))
         x = q @ k.T / math.sqrt(d)
         pad = (-S) % 16
         unmasked = None
