@@ -1,11 +1,12 @@
-"""The checks of lesson 07's kernel exercises (07.7 to 07.10): each passes a right kernel and
+"""The checks of lesson 07's kernel exercises (07.7 to 07.11): each passes a right kernel and
 names each classic wrong one, run through Triton's interpreter.
 
 Each wrong kernel is the right one with a ``MISTAKE`` constexpr switched on (:class:`Mistake`
 passes it at launch), so the test shows the check catches that one mistake: the accumulator not
 rescaled when the running max grows, the log-sum-exp not written or in base 2, the causal mask
 off by one on the diagonal or aligned top-left, the GQA head mapped by ``i % g`` or K/V read as
-if copied, a tail block read or written past the end. The generic contract
+if copied, a tail block read or written past the end, the backward's weights not recomputed from the
+saved log-sum-exp or D not subtracted. The generic contract
 (``tests/check_contract.py``) is bound to :data:`CORRECT` by :class:`TestContract`.
 
 Without triton or torch the module is skipped with one line, unless
@@ -205,11 +206,53 @@ def _tail(Q, K, V, O, T, S, scale, D: tl.constexpr, BLOCK_M: tl.constexpr,
                  mask=rows[:, None] < T)
 
 
+@triton.jit
+def _backward(Q, K, V, DO, LSE, DELTA, DK, DV, T, S, scale, D: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MISTAKE: tl.constexpr = 0):
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    k = tl.load(K + cols[:, None] * D + offs_d[None, :], mask=cols[:, None] < S, other=0.0)
+    v = tl.load(V + cols[:, None] * D + offs_d[None, :], mask=cols[:, None] < S, other=0.0)
+    dk = tl.zeros((BLOCK_N, D), tl.float32)
+    dv = tl.zeros((BLOCK_N, D), tl.float32)
+    for start_m in range(0, T, BLOCK_M):
+        rows = start_m + offs_m
+        q = tl.load(Q + rows[:, None] * D + offs_d[None, :], mask=rows[:, None] < T, other=0.0)
+        do = tl.load(DO + rows[:, None] * D + offs_d[None, :], mask=rows[:, None] < T,
+                     other=0.0)
+        lse = tl.load(LSE + rows, mask=rows < T, other=0.0)
+        delta = tl.load(DELTA + rows, mask=rows < T, other=0.0)
+        inside = (rows[:, None] < T) & (cols[None, :] < S)
+        s = tl.where(inside, tl.dot(q, tl.trans(k)) * scale, float("-inf"))
+        if MISTAKE == 1:  # a softmax of this key tile alone
+            e = tl.exp(s - tl.max(s, 1)[:, None])
+            p = e / tl.sum(e, 1)[:, None]
+            p = tl.where(rows[:, None] < T, p, 0.0)
+        elif MISTAKE == 2:
+            p = tl.exp(s)
+        else:
+            p = tl.exp(s - lse[:, None])
+        dv += tl.dot(tl.trans(p), do)
+        dp = tl.dot(do, tl.trans(v))
+        ds = p * dp if MISTAKE == 3 else p * (dp - delta[:, None])
+        if MISTAKE == 4:
+            dk += tl.dot(tl.trans(ds), q)
+        else:
+            dk += tl.dot(tl.trans(ds), q) * scale
+    if MISTAKE == 5:
+        tl.store(DK + cols[:, None] * D + offs_d[None, :], dk)
+    else:
+        tl.store(DK + cols[:, None] * D + offs_d[None, :], dk, mask=cols[:, None] < S)
+    tl.store(DV + cols[:, None] * D + offs_d[None, :], dv, mask=cols[:, None] < S)
+
+
 CORRECT = {
     "07.7": ("check_online_softmax_kernel", _flash),
     "07.8": ("check_causal_mask_tile", _causal),
     "07.9": ("check_gqa_head_map", _gqa),
     "07.10": ("check_tail_block_masks", _tail),
+    "07.11": ("check_backward_from_lse", _backward),
 }
 
 
@@ -238,6 +281,11 @@ MISTAKES = [
     ("07.10", 2, r"read past the end of V.*0 × NaN"),
     ("07.10", 3, r"scores were not set to -inf"),
     ("07.10", 4, r"wrote past the end of O.*store of the last query block"),
+    ("07.11", 1, r"DV .*softmax of each key tile alone"),
+    ("07.11", 2, r"DV .*the weights are exp\(s\)"),
+    ("07.11", 3, r"DK .*D was not subtracted"),
+    ("07.11", 4, r"DK .*missing the scale"),
+    ("07.11", 5, r"wrote past the end of DK"),
 ]
 
 

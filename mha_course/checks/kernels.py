@@ -9,10 +9,11 @@ designed inputs, and compares what it wrote with :func:`mha_course.tiled_attenti
 NumPy). When they differ it names the classic mistake: the accumulator not rescaled when the
 running max grows, the log-sum-exp not written or in base 2, the causal mask off by one on the
 diagonal or aligned top-left, the GQA head mapped by ``i % g``, a tail block read or written past
-the end. Every tensor the kernel reads or writes is a view of a larger one whose extra rows hold
-NaN, and the interpreter's loads and stores are watched while the kernel runs: a lane that
-touches those rows is a read (or write) past the end, even where a later ``tl.where`` hides the
-value it read.
+the end, the backward's weights recomputed without the saved log-sum-exp or without subtracting
+D = rowsum(dO ∘ O). Every tensor the kernel reads or writes is a view of a larger one whose
+extra rows hold NaN, and the interpreter's loads and stores are watched while the kernel runs:
+a lane that touches those rows is a read (or write) past the end, even where a later
+``tl.where`` hides the value it read.
 
 Triton and torch are imported when a check runs, never by ``import mha_course``; without them a
 check raises ``ImportError`` saying how to install them (``pip install -e '.[kernels]'``). A plain
@@ -28,10 +29,11 @@ import warnings
 
 import numpy as np
 
-from .. import tiled_attention
+from .. import attention_backward, softmax, tiled_attention
 from .harness import CheckFailed, check_rng, fail, fmt_pair, passed
 
 __all__ = [
+    "check_backward_from_lse",
     "check_causal_mask_tile",
     "check_gqa_head_map",
     "check_online_softmax_kernel",
@@ -42,7 +44,7 @@ __all__ = [
 RTOL, ATOL = 2e-4, 2e-5
 #: Rows of NaN past the end of every tensor a check hands a kernel.
 GUARD = 16
-INSTALL = ("the kernel exercises (07.7 to 07.10) need Triton and PyTorch: "
+INSTALL = ("the kernel exercises (07.7 to 07.11) need Triton and PyTorch: "
            "pip install -e '.[kernels]' (triton==3.9.0), then restart the kernel")
 
 
@@ -482,3 +484,69 @@ def check_tail_block_masks(kernel) -> None:
     passed(ex, "T and S not multiples of the block (and one length that is): O matches "
                "tiled_attention; no load or store touched the NaN the check put past the end "
                "of Q, K, V and O")
+
+
+# ---------------------------------------------------------------------------------- 07.11
+def _backward_variant(q, k, v, do, block, weights="lse", delta=True, scale_dk=True):
+    """(dk, dv) with the weights recomputed as ``weights`` says, D subtracted or not."""
+    d = q.shape[1]
+    x = q @ k.T / math.sqrt(d)
+    if weights == "lse":
+        p = softmax(x)
+    elif weights == "tile":  # a softmax over each key tile alone
+        p = np.concatenate([softmax(x[:, s0 : s0 + block]) for s0 in range(0, k.shape[0], block)],
+                           axis=1)
+    else:  # exp(s): the lse never subtracted
+        p = np.exp(x)
+    o = softmax(x) @ v
+    dp = do @ v.T
+    ds = p * (dp - ((do * o).sum(axis=1)[:, None] if delta else 0.0))
+    return ds.T @ q / (math.sqrt(d) if scale_dk else 1.0), p.T @ do
+
+
+def check_backward_from_lse(kernel) -> None:
+    """Exercise 07.11: ``flash_backward_kv(Q, K, V, DO, LSE, DELTA, DK, DV, T, S, scale, D,
+    BLOCK_M, BLOCK_N)``, one program per key block."""
+    ex = "07.11"
+    rng = check_rng(711)
+    for T, S, d, spread in ((20, 37, 16, 1.0), (33, 16, 16, 3.0), (9, 24, 32, 1.0)):
+        q, k, v = rng.normal(size=(T, d)) * spread, rng.normal(size=(S, d)), \
+            rng.normal(size=(S, d))
+        do = rng.normal(size=(T, d))
+        o, lse = tiled_attention(q, k, v, block_size=16, return_lse=True)
+        delta = (do * o).sum(axis=1)
+        weights = softmax(q @ k.T / math.sqrt(d))
+        _, want_dk, want_dv = attention_backward(do, q, k, v, weights)
+        specs = [("in", "Q", q), ("in", "K", k), ("in", "V", v), ("in", "DO", do),
+                 ("in", "LSE", lse), ("in", "DELTA", delta), ("out", "DK", (S, d)),
+                 ("out", "DV", (S, d)), T, S, 1 / math.sqrt(d)]
+        hits = _launch(ex, kernel, ((S + 15) // 16,), specs,
+                       {"D": d, "BLOCK_M": 16, "BLOCK_N": 16})
+        what = f"for T={T} queries, S={S} keys, d={d}, blocks of 16"
+        _past_end(ex, hits, what, {"DK": "store DK with mask=cols[:, None] < S",
+                                   "DV": "store DV with mask=cols[:, None] < S"})
+        dk, dv = _out(ex, hits, "DK", (S, d)), _out(ex, hits, "DV", (S, d))
+        a = (q, k, v, do, 16)
+        weights_wrong = [
+            ("the weights were recomputed as a softmax of each key tile alone: a tile does "
+             "not hold the whole row; p = exp(s - lse[:, None]) with the lse the forward saved",
+             "tile"),
+            ("the weights are exp(s): subtract the saved log-sum-exp, p = exp(s - lse[:, None])",
+             "exp"),
+        ]
+        _judge(ex, dv, want_dv, f"your DV {what}", [
+            (m, lambda a=a, w=w: _backward_variant(*a, weights=w)[1]) for m, w in weights_wrong
+        ], "accumulate dv += tl.dot(tl.trans(p), do) over the query blocks", "DV" in hits["stored"])
+        _judge(ex, dk, want_dk, f"your DK {what}", [
+            ("D was not subtracted: ds = p * (dp - delta[:, None]), with delta = rowsum(dO ∘ O) "
+             "(the softmax's backward, one number per query)",
+             lambda a=a: _backward_variant(*a, delta=False)[0]),
+            ("dK is missing the scale: the scores were q kᵀ · scale, so dk += tl.dot(tl.trans("
+             "ds), q) * scale", lambda a=a: _backward_variant(*a, scale_dk=False)[0]),
+            *[(m, lambda a=a, w=w: _backward_variant(*a, weights=w)[0])
+              for m, w in weights_wrong],
+        ], "accumulate dk += tl.dot(tl.trans(ds), q) * scale over the query blocks",
+            "DK" in hits["stored"])
+    passed(ex, "T != S (and T > S), queries whose scores spread wide, T and S not multiples of "
+               "16: DK and DV match mha_course.attention_backward, the weights recomputed from "
+               "the saved lse")
