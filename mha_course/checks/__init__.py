@@ -28,7 +28,9 @@ An exception raised by your function becomes a :class:`CheckFailed` that quotes 
 through unchanged, so the checker (``python -m mha_course check``) can report "not attempted".
 
 The checks of lesson NN live in ``lessonNN.py`` (each lists its checks in ``__all__``), built
-from the shared machinery in ``harness.py`` and the known wrong versions in ``variants.py``;
+from the shared machinery in ``harness.py`` and the known wrong versions in ``variants.py``
+(lesson 07's Triton kernel exercises, 07.7 to 07.11, in ``kernels.py``: their checks launch the
+learner's kernel in Triton's interpreter on guarded memory, importing triton only then);
 lesson 15's spot-the-bug drill, 26 exercises, has a sub-folder of its own, :mod:`drill
 <mha_course.checks.drill>`, one module per group of exercises. A new lesson's checks arrive with
 one line below: ``from .lessonNN import *``.
@@ -42,6 +44,7 @@ Exercise 03.3 passed: (T, T) bool masks for T = 1, 4, 7 match mha_course.causal_
 
 from .drill import *  # noqa: F403
 from .harness import CheckFailed
+from .kernels import *  # noqa: F403
 from .lesson01 import *  # noqa: F403
 from .lesson02 import *  # noqa: F403
 from .lesson03 import *  # noqa: F403

@@ -17,6 +17,10 @@ and comes back as a reference the grader can call or ask for an attribute. So wh
 learner's code does in its kernel (replace a check, patch NumPy, install an import hook), all it
 can change is what its own functions return, and the grader judges that.
 
+A Triton kernel (lesson 07's exercises 07.7 to 07.11) is launched the same way, by the
+``launch`` request: the kernel runs :func:`mha_course.checks.kernels.launch_watched` on the
+learner's kernel and sends back its outputs and the guard rows it touched, as arrays and names.
+
 The kernel also reports, for a call, a use of what the exercise forbids (found by the kernel's
 copy of :mod:`mha_course.checks.forbid`) and which arguments the function changed in place:
 evidence that can only fail an answer, never pass one.
@@ -218,6 +222,12 @@ class Server:
                                     self.refs)}
         if op == "call":
             return self.call(request)
+        if op == "launch":  # a Triton kernel of the learner's, launched here (lesson 07.7+)
+            from ...checks.kernels import launch_watched
+
+            grid, specs, kwargs = _Unpickler(base64.b64decode(request["args"]), self).load()
+            value = launch_watched(self.refs[request["ref"]], grid, specs, kwargs)
+            return {"value": encode(value, self.refs)}
         if op == "repeat":
             return self.repeat(request)
         raise ValueError(f"unknown request {op!r}")

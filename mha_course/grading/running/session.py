@@ -110,6 +110,12 @@ class Proxy:
     def __repr__(self) -> str:
         return f"<{type(self).__name__} in the learner's kernel>"
 
+    def mha_course_remote_launch(self, grid, specs, kwargs):
+        """Launch this Triton kernel in the learner's kernel, watched, on the tensors ``specs``
+        describes (:func:`mha_course.checks.kernels.launch_watched`): its outputs and the guard
+        zones touched come back as values; the learner's error is raised (rebuilt)."""
+        return self._mha_session.launch(self, grid, specs, kwargs)
+
 
 class CallableProxy(Proxy):
     """A function (or callable object) of the learner's kernel."""
@@ -432,6 +438,18 @@ class Session:
             raise RemoteBroken("the kernel answered a call without a result")
         self._sync_generators([args, kwargs], reply.get("states"))
         return outcome
+
+    def launch(self, proxy: Proxy, grid, specs, kwargs):
+        """``proxy[grid](...)`` run in the kernel by ``launch_watched``: what it returns."""
+        self.current = proxy._mha_name
+        payload = self._pickle((tuple(grid), list(specs), dict(kwargs)))
+        try:
+            reply = self.request({"op": "launch", "ref": proxy._mha_ref, "args": payload})
+        finally:
+            self.current = ""
+        if "error" in reply:
+            raise remote_error(reply["error"])
+        return self.decode(reply.get("value"))
 
     def repeat(self, proxy: Proxy, args, kwargs, n: int) -> list:
         """``n`` calls of ``proxy`` on the same arguments, run in the kernel as one request: its
