@@ -79,6 +79,7 @@ CORRECT_06 = {
     "06.4": ("check_streaming_step", _streaming_step),
     "06.5": ("check_absorbed_head", _absorbed_head),
     "06.6": ("check_chunk_attention", _chunk_attention),
+    "06.7": ("check_chunked_mask", lesson06.reference_chunked_mask),
 }
 
 

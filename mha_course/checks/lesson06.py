@@ -5,7 +5,9 @@ cell (see :mod:`mha_course.checks`). The references are computed at check time b
 :func:`~mha_course.kv_cache_bytes` on the config's fields, the layer's causal forward,
 :func:`~mha_course.heads.group_heads`' grouping, :func:`~mha_course.apply_rope` at StreamingLLM's
 positions within the cache, :func:`~mha_course.scaled_dot_product_attention` on the rebuilt MLA
-keys and values, and :func:`~mha_course.causal_mask` for a chunk over a longer cache.
+keys and values, and :func:`~mha_course.causal_mask` for a chunk over a longer cache, and
+:func:`reference_chunked_mask` (Llama 4's chunked causal mask, written in
+``notebooks/deep_dives/06c_model_family_layouts.ipynb``) for 06.7.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ __all__ = [
     "check_absorbed_head",
     "check_cache_bytes",
     "check_chunk_attention",
+    "check_chunked_mask",
     "check_decode_with_cache",
     "check_repeat_kv",
     "check_streaming_step",
@@ -351,3 +354,51 @@ def check_chunk_attention(fn) -> None:
                      variants, mask=mask)
     passed(ex, "one new token (T, S) = (1, 5), then chunks (3, 7), (4, 4), (2, 9) match attention "
                "with mha_course.causal_mask(T, S), the bottom-right mask")
+
+
+# -------------------------------------------------------- 06.7 Llama 4's chunked causal mask
+def reference_chunked_mask(T: int, chunk: int) -> np.ndarray:
+    """Bool (T, T): query t may see key s iff ``s <= t`` and both lie in the same chunk of
+    ``chunk`` positions (chunk k holds positions ``k·chunk .. (k+1)·chunk - 1``)."""
+    t, s = np.arange(T)[:, None], np.arange(T)[None, :]
+    return causal_mask(T) & (s // chunk == t // chunk)
+
+
+def check_chunked_mask(fn) -> None:
+    """Exercise 06.7: ``chunked_causal_mask(T, chunk)``: bool (T, T), Llama 4's local layers."""
+    ex = "06.7"
+    for T, chunk in ((10, 4), (7, 3), (9, 1), (4, 10), (12, 5)):
+        want = reference_chunked_mask(T, chunk)
+        got = call(ex, fn, (T, chunk), ("T", "chunk"))
+        t, s = np.arange(T)[:, None], np.arange(T)[None, :]
+        causal = causal_mask(T)
+
+        def prop(arr, T=T):
+            above = np.argwhere(np.triu(arr, k=1))
+            if len(above):
+                q, k = above[0]
+                raise fail(ex, f"your mask is True at (query {q}, key {k}): query {q} would see "
+                               f"the future key {k}. Not causal within the chunk: a chunk is a "
+                               "causal mask cut into blocks, so s <= t as well")
+            if not np.diag(arr).all():
+                q = int(np.argmin(np.diag(arr)))
+                raise fail(ex, f"your mask is False at (query {q}, key {q}): a token must be "
+                               "able to attend to itself")
+
+        off_by_one = ("chunk boundaries off by one: the chunks start at position 1 (or end "
+                      "one early). Chunk k holds positions k·chunk .. (k+1)·chunk - 1, so "
+                      "compare s // chunk with t // chunk on 0-based positions")
+        wrong = [  # each classic mistake, computed on the same (T, chunk)
+            ("a sliding window instead of a chunk: query t sees the last `chunk` keys whatever "
+             "their chunk. In a chunked layer the query just after a boundary (t = chunk) sees "
+             "1 key, itself: keep s <= t and s // chunk == t // chunk", causal & (t - s < chunk)),
+            (off_by_one, causal & ((s - 1) // chunk == (t - 1) // chunk)),
+            (off_by_one, causal & ((s + 1) // chunk == (t + 1) // chunk)),
+            ("not causal within the chunk: every query sees its whole chunk, the later tokens "
+             "of the chunk too. Keep s <= t as well as s // chunk == t // chunk",
+             s // chunk == t // chunk),
+        ]
+        compare(ex, got, want, f"your mask for T={T}, chunk={chunk}", "(T, T)",
+                variants=[(message, lambda m=m: m) for message, m in wrong], props=[prop])
+    passed(ex, "(T, T) bool masks for (T, chunk) = (10, 4), (7, 3), (9, 1), (4, 10), (12, 5) "
+               "are causal within each chunk and blind across chunk boundaries")
