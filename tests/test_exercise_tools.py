@@ -369,7 +369,7 @@ def test_folder_mode_keeps_learners_apart_takes_the_best_and_skips_system_folder
     # checker prints first (no sandbox here, or a limit it cannot enforce) are checked apart
     preamble = out.split("\n== ")[0].splitlines()
     notes = [line for line in preamble if line.startswith("note: ")]
-    unsandboxed = sandbox.find_sandbox(True)[0] is None
+    unsandboxed = sandbox.choose_sandbox(True)[0] is None
     assert sum("WITHOUT a sandbox" in line for line in notes) == unsandboxed, notes
     preamble = [line for line in preamble if not line.startswith("note: ")]
     assert preamble == ["skipped .hidden.ipynb: a hidden file",

@@ -92,7 +92,7 @@ def rewriter_cell(victims, solution) -> str:
 
 
 def require_sandbox() -> None:
-    bwrap, why = sandbox.find_sandbox(True)
+    bwrap, why = sandbox.choose_sandbox(True)
     if bwrap is None:
         if os.environ.get("MHA_COURSE_REQUIRE_SANDBOX") == "1":
             pytest.fail(f"MHA_COURSE_REQUIRE_SANDBOX=1 but {why}", pytrace=False)

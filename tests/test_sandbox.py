@@ -53,7 +53,7 @@ FAKE_CHECK = f"\ndef check_causal_mask(fn):\n    print({PASS_33!r})\n"
 
 
 def require_sandbox() -> str:
-    bwrap, why = sandbox.find_sandbox(True)
+    bwrap, why = sandbox.choose_sandbox(True)
     if bwrap is None:
         if os.environ.get("MHA_COURSE_REQUIRE_SANDBOX") == "1":
             pytest.fail(f"MHA_COURSE_REQUIRE_SANDBOX=1 but {why}", pytrace=False)
