@@ -75,7 +75,7 @@ def import_triton_flash_or_skip():
         if os.environ.get("MHA_COURSE_REQUIRE_TRITON") == "1":
             pytest.fail(
                 "MHA_COURSE_REQUIRE_TRITON=1 but triton or torch cannot be imported "
-                f"({triton_flash._IMPORT_ERROR}); " + TRITON_MISSING,
+                f"({triton_flash.IMPORT_ERROR}); " + TRITON_MISSING,
                 pytrace=False,
             )
         pytest.skip(TRITON_MISSING)

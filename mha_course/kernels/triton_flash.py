@@ -7,7 +7,8 @@ query block held in fast on-chip memory (SRAM) while it walks the key/value bloc
 source compiles for a GPU unchanged; without one, Triton's interpreter runs it on the CPU with
 torch CPU tensors, slowly: importing this module on a machine without CUDA sets
 ``TRITON_INTERPRET=1`` (unless it is already set) before the kernels are defined
-(``INTERPRETED`` says which way they run).
+(``INTERPRETED`` says which way they run; the import and the argument checks are in
+:mod:`mha_course.kernels.triton_common`).
 
 - :func:`flash_forward`: ``(o, lse)``, causal or not (bottom-right aligned when T != S), grouped
   query attention by program id (query head ``i`` reads K/V head ``i // (h // g)``, K and V are
@@ -19,8 +20,9 @@ torch CPU tensors, slowly: importing this module on a machine without CUDA sets
 - the bytes these kernels move, counted in the interpreter (``count_traffic``) and in closed
   form (``flash_forward_bytes``, ``standard_attention_bytes``, ``flash_backward_bytes``), live in
   :mod:`mha_course.kernels.traffic` (no triton needed) and are re-exported here;
-- :func:`compile_for_gpu`: the same kernels compiled by Triton for an NVIDIA GPU, without one:
-  their PTX, and the shared memory, warps and pipelining stages of a launch.
+- ``compile_for_gpu``: the same kernels compiled by Triton for an NVIDIA GPU, without one:
+  their PTX, and the shared memory, warps and pipelining stages of a launch; it lives in
+  :mod:`mha_course.kernels.triton_compile` and is re-exported here.
 
 Needs the ``kernels`` extra (``pip install -e '.[kernels]'``: triton and torch); ``import
 mha_course`` never imports this module. Shapes: q (B, h, T, d), k and v (B, g, S, d), float32.
@@ -29,11 +31,7 @@ mha_course`` never imports this module. Shapes: q (B, h, T, d), k and v (B, g, S
 from __future__ import annotations
 
 import math
-import os
-import sys
-from dataclasses import dataclass
 
-from .._validate import fail, fmt_shape
 from .traffic import (  # noqa: F401  (re-exported: lesson 07c and the tests import them here)
     Traffic,
     count_traffic,
@@ -41,45 +39,22 @@ from .traffic import (  # noqa: F401  (re-exported: lesson 07c and the tests imp
     flash_forward_bytes,
     standard_attention_bytes,
 )
-
-_TRITON_TOO_EARLY = False  # triton was imported before the interpreter could be chosen
-try:
-    import torch
-
-    if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
-        os.environ["TRITON_INTERPRET"] = "1"  # no GPU: the interpreter runs the kernels
-        # triton's own library (tl.sum, tl.max, ...) was compiled-mode already: it cannot run
-        _TRITON_TOO_EARLY = "triton" in sys.modules
-    import triton
-    import triton.language as tl
-except ImportError as _exc:  # the extra is not installed: the module imports, the kernels refuse
-    HAS_TRITON = False
-    _IMPORT_ERROR: ImportError | None = _exc
-else:
-    HAS_TRITON = True
-    _IMPORT_ERROR = None
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-
-KERNELS_MISSING = (
-    "mha_course.kernels.triton_flash needs triton and torch: pip install -e '.[kernels]'"
+from .triton_common import (  # noqa: F401  (HAS_TRITON, INTERPRETED, ...: re-exported)
+    HAS_TRITON,
+    IMPORT_ERROR,
+    INTERPRETED,
+    KERNELS_MISSING,
+    block_d,
+    check_block,
+    check_like,
+    check_qkv,
+    launch_options,
+    require_triton,
+    tl,
+    torch,
+    triton,
 )
-
-
-def require_triton() -> None:
-    """Raise a clear ``ImportError`` when triton or torch is missing, and a ``RuntimeError``
-    when triton was imported, without a GPU, before this module could choose its interpreter.
-
-    >>> require_triton() if HAS_TRITON else None
-    """
-    if not HAS_TRITON:
-        raise ImportError(f"{KERNELS_MISSING} ({_IMPORT_ERROR})")
-    if _TRITON_TOO_EARLY:
-        raise RuntimeError(
-            "triton was imported before mha_course.kernels.triton_flash on a machine without a "
-            "GPU, so Triton's interpreter cannot run the kernels: restart Python and import "
-            "mha_course.kernels.triton_flash first (or set TRITON_INTERPRET=1 before importing "
-            "triton)")
-
+from .triton_compile import GpuBuild, compile_for_gpu  # noqa: F401  (re-exported)
 
 if HAS_TRITON:
 
@@ -339,43 +314,6 @@ if HAS_TRITON:
                  mask=row_ok[:, None] & d_ok[None, :])
 
 
-def _check_block(func: str, name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 16 or value & (value - 1):
-        raise fail(func, f"{name} is {value!r}; expected a power of two >= 16 (tl.dot's minimum)")
-    return value
-
-
-def _check_tensor(func: str, name: str, x, ndim: int, letters: str):
-    if not isinstance(x, torch.Tensor):
-        raise fail(func, f"{name} is a {type(x).__name__}; expected a torch tensor {letters}")
-    if x.ndim != ndim:
-        raise fail(func, f"{name} has shape {fmt_shape(x.shape)}; expected {letters}")
-    if x.dtype != torch.float32:
-        raise fail(func, f"{name} has dtype {x.dtype}; expected torch.float32")
-    return x
-
-
-def _check_qkv(func: str, q, k, v):
-    """The shapes of q (B, h, T, d), k and v (B, g, S, d) with h % g == 0; returns them."""
-    _check_tensor(func, "q", q, 4, "(B, h, T, d)")
-    _check_tensor(func, "k", k, 4, "(B, g, S, d)")
-    _check_tensor(func, "v", v, 4, "(B, g, S, d)")
-    B, h, T, d = q.shape
-    _, g, S, _ = k.shape
-    if k.shape[0] != B or k.shape[3] != d or g < 1 or h % g:
-        raise fail(func, f"k has shape {fmt_shape(k.shape)}; expected (B, g, S, d) with B={B}, "
-                         f"d={d} (from q) and g dividing h={h}")
-    if tuple(v.shape) != tuple(k.shape):
-        raise fail(func, f"v has shape {fmt_shape(v.shape)}; expected (B, g, S, d) = "
-                         f"{fmt_shape(k.shape)} (from k)")
-    if T < 1 or S < 1 or d < 1:
-        raise fail(func, f"q has shape {fmt_shape(q.shape)} and k {fmt_shape(k.shape)}; "
-                         "expected T, S and d >= 1")
-    if not (q.device == k.device == v.device):
-        raise fail(func, f"q, k, v are on {q.device}, {k.device}, {v.device}; expected one device")
-    return B, h, g, T, S, d
-
-
 def flash_forward(q, k, v, *, causal=False, block_m=16, block_n=16, num_warps=None,
                   num_stages=None):
     """FlashAttention-2's forward in Triton: ``(o, lse)`` without the (T, S) matrix.
@@ -432,9 +370,9 @@ def flash_forward(q, k, v, *, causal=False, block_m=16, block_n=16, num_warps=No
     """
     func = "flash_forward"
     require_triton()
-    B, h, g, T, S, d = _check_qkv(func, q, k, v)
-    block_m = _check_block(func, "block_m", block_m)
-    block_n = _check_block(func, "block_n", block_n)
+    B, h, g, T, S, d = check_qkv(func, q, k, v)
+    block_m = check_block(func, "block_m", block_m)
+    block_n = check_block(func, "block_n", block_n)
     o = torch.empty((B, h, T, d), dtype=torch.float32, device=q.device)
     lse = torch.empty((B, h, T), dtype=torch.float32, device=q.device)
     grid = (triton.cdiv(T, block_m), B * h)
@@ -442,34 +380,10 @@ def flash_forward(q, k, v, *, causal=False, block_m=16, block_n=16, num_warps=No
         q, k, v, o, lse, 1.0 / math.sqrt(d),
         *q.stride(), *k.stride(), *v.stride(), *o.stride(), *lse.stride(),
         h, g, T, S, d,
-        CAUSAL=bool(causal), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_block_d(d),
-        **_launch_options(func, num_warps, num_stages),
+        CAUSAL=bool(causal), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d(d),
+        **launch_options(func, num_warps, num_stages),
     )
     return o, lse
-
-
-def _launch_options(func: str, num_warps, num_stages) -> dict:
-    options = {}
-    for name, value in (("num_warps", num_warps), ("num_stages", num_stages)):
-        if value is not None:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise fail(func, f"{name} is {value!r}; expected an integer >= 1 or None")
-            options[name] = value
-    return options
-
-
-def _block_d(d: int) -> int:
-    return max(16, triton.next_power_of_2(d))
-
-
-def _check_like(func: str, name: str, x, shape: tuple, letters: str, device):
-    _check_tensor(func, name, x, len(shape), letters)
-    if tuple(x.shape) != tuple(shape):
-        raise fail(func, f"{name} has shape {fmt_shape(x.shape)}; expected {letters} = "
-                         f"{fmt_shape(shape)} (from q)")
-    if x.device != device:
-        raise fail(func, f"{name} is on {x.device}; expected {device} (from q)")
-    return x
 
 
 def flash_backward(q, k, v, o, lse, do, *, causal=False, block_m=16, block_n=16,
@@ -523,13 +437,13 @@ def flash_backward(q, k, v, o, lse, do, *, causal=False, block_m=16, block_n=16,
     """
     func = "flash_backward"
     require_triton()
-    B, h, g, T, S, d = _check_qkv(func, q, k, v)
-    _check_like(func, "o", o, (B, h, T, d), "(B, h, T, d)", q.device)
-    _check_like(func, "lse", lse, (B, h, T), "(B, h, T)", q.device)
-    _check_like(func, "do", do, (B, h, T, d), "(B, h, T, d)", q.device)
-    block_m = _check_block(func, "block_m", block_m)
-    block_n = _check_block(func, "block_n", block_n)
-    bd, scale = _block_d(d), 1.0 / math.sqrt(d)
+    B, h, g, T, S, d = check_qkv(func, q, k, v)
+    check_like(func, "o", o, (B, h, T, d), "(B, h, T, d)", q.device)
+    check_like(func, "lse", lse, (B, h, T), "(B, h, T)", q.device)
+    check_like(func, "do", do, (B, h, T, d), "(B, h, T, d)", q.device)
+    block_m = check_block(func, "block_m", block_m)
+    block_n = check_block(func, "block_n", block_n)
+    bd, scale = block_d(d), 1.0 / math.sqrt(d)
     delta = torch.empty((B, h, T), dtype=torch.float32, device=q.device)
     _bwd_preprocess_kernel[(triton.cdiv(T, block_m), B * h)](
         o, do, delta, *o.stride(), *do.stride(), h, T, d, BLOCK_M=block_m, BLOCK_D=bd)
@@ -537,7 +451,7 @@ def flash_backward(q, k, v, o, lse, do, *, causal=False, block_m=16, block_n=16,
     dk = torch.empty((B, g, S, d), dtype=torch.float32, device=q.device)
     dv = torch.empty((B, g, S, d), dtype=torch.float32, device=q.device)
     common = dict(CAUSAL=bool(causal), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=bd,
-                  **_launch_options(func, num_warps, num_stages))
+                  **launch_options(func, num_warps, num_stages))
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride(), *lse.stride())
     _bwd_dkdv_kernel[(triton.cdiv(S, block_n), B * g)](
         q, k, v, do, lse, delta, dk, dv, scale, *strides, h, g, T, S, d, **common)
@@ -562,10 +476,10 @@ def standard_attention(q, k, v, *, causal=False, block_m=16, block_n=16):
     """
     func = "standard_attention"
     require_triton()
-    B, h, g, T, S, d = _check_qkv(func, q, k, v)
-    block_m = _check_block(func, "block_m", block_m)
-    block_n = _check_block(func, "block_n", block_n)
-    bd = _block_d(d)
+    B, h, g, T, S, d = check_qkv(func, q, k, v)
+    block_m = check_block(func, "block_m", block_m)
+    block_n = check_block(func, "block_n", block_n)
+    bd = block_d(d)
     scores = torch.empty((B, h, T, S), dtype=torch.float32, device=q.device)
     weights = torch.empty_like(scores)
     o = torch.empty((B, h, T, d), dtype=torch.float32, device=q.device)
@@ -578,102 +492,3 @@ def standard_attention(q, k, v, *, causal=False, block_m=16, block_n=16):
         weights, v, o, *v.stride(), h, g, T, S, d, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=bd)
     return o
-
-
-# ------------------------------------------------------------------ the same source, for a GPU
-_KERNELS = {  # name -> (the kernel, its pointer arguments)
-    "forward": ("_flash_fwd_kernel", {"Q", "K", "V", "O", "LSE"}),
-    "backward_dkdv": ("_bwd_dkdv_kernel", {"Q", "K", "V", "DO", "LSE", "DELTA", "DK", "DV"}),
-    "backward_dq": ("_bwd_dq_kernel", {"Q", "K", "V", "DO", "LSE", "DELTA", "DQ"}),
-}
-
-
-@dataclass
-class GpuBuild:
-    """What :func:`compile_for_gpu` returns: the PTX and Triton's GPU IR of one kernel, and
-    what its launch needs (bytes of shared memory per program, warps, pipelining stages)."""
-
-    kernel: str
-    arch: int
-    ptx: str
-    ttgir: str
-    shared: int
-    num_warps: int
-    num_stages: int
-
-
-def compile_for_gpu(kernel="forward", *, causal=False, block_m=64, block_n=64, d=64,
-                    num_warps=4, num_stages=3, arch=90):
-    """Compile one of the kernels for an NVIDIA GPU, without one: Triton's own compiler.
-
-    The source is the one the interpreter runs; the compiler turns it into Triton's GPU IR
-    (``ttgir``: the layouts of each block across the warps) and PTX, the GPU's assembly, which
-    shows what it becomes (``cp.async``: the loads ``num_stages`` pipelines; ``ex2.approx``:
-    the exponentials). The compilation runs in a fresh Python (a process that runs the
-    interpreter cannot also compile), in seconds to a minute per kernel.
-
-    Parameters
-    ----------
-    kernel : {"forward", "backward_dkdv", "backward_dq"}
-    causal, block_m, block_n, d
-        As :func:`flash_forward` (``d`` is padded to a power of two >= 16).
-    num_warps, num_stages, arch : int
-        Warps per program, software-pipelining stages, the target's compute capability times
-        ten (80 an A100, 90 an H100).
-
-    Returns
-    -------
-    GpuBuild
-    """
-    func = "compile_for_gpu"
-    require_triton()
-    if kernel not in _KERNELS:
-        raise fail(func, f"kernel is {kernel!r}; expected one of {sorted(_KERNELS)}")
-    block_m = _check_block(func, "block_m", block_m)
-    block_n = _check_block(func, "block_n", block_n)
-    for name, value in (("d", d), ("num_warps", num_warps), ("num_stages", num_stages),
-                        ("arch", arch)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise fail(func, f"{name} is {value!r}; expected an integer >= 1")
-    import json
-    import subprocess
-    import sys
-
-    request = dict(kernel=kernel, causal=bool(causal), block_m=block_m, block_n=block_n,
-                   block_d=_block_d(d), num_warps=num_warps, num_stages=num_stages, arch=arch)
-    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {**os.environ, "TRITON_INTERPRET": "0",
-           "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH"))
-                                         if p)}
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    result = subprocess.run(
-        [sys.executable, "-c", "import sys\nfrom mha_course.kernels.triton_flash import "
-         "_compile_main\n_compile_main(sys.argv[1])", json.dumps(request)],
-        capture_output=True, text=True, env=env, check=False)
-    if result.returncode != 0:
-        raise RuntimeError(f"{func}: Triton's compiler failed:\n{result.stderr[-4000:]}")
-    return GpuBuild(**json.loads(result.stdout.strip().splitlines()[-1]))
-
-
-def _compile_main(request: str) -> None:
-    """:func:`compile_for_gpu`'s other half, in the fresh Python: compile, print JSON."""
-    import json
-
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    r = json.loads(request)
-    name, pointers = _KERNELS[r["kernel"]]
-    fn = globals()[name]
-    constexprs = dict(CAUSAL=r["causal"], BLOCK_M=r["block_m"], BLOCK_N=r["block_n"],
-                      BLOCK_D=r["block_d"])
-    signature = {a: "constexpr" if a in constexprs else "*fp32" if a in pointers
-                 else "fp32" if a == "sm_scale" else "i32" for a in fn.arg_names}
-    source = ASTSource(fn, signature,
-                       constexprs={(fn.arg_names.index(a),): v for a, v in constexprs.items()})
-    built = triton.compile(source, target=GPUTarget("cuda", r["arch"], 32),
-                           options={"num_warps": r["num_warps"], "num_stages": r["num_stages"]})
-    print(json.dumps(dict(kernel=r["kernel"], arch=r["arch"], ptx=built.asm["ptx"],
-                          ttgir=built.asm["ttgir"], shared=built.metadata.shared,
-                          num_warps=built.metadata.num_warps,
-                          num_stages=built.metadata.num_stages)))
