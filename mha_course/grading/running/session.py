@@ -112,8 +112,8 @@ class Proxy:
 
     def mha_course_remote_launch(self, grid, specs, kwargs):
         """Launch this Triton kernel in the learner's kernel, watched, on the tensors ``specs``
-        describes (:func:`mha_course.checks.kernels.launch_watched`): its outputs and the guard
-        zones touched come back as values; the learner's error is raised (rebuilt)."""
+        describes (:func:`mha_course.checks.kernel_launch.launch_watched`): its outputs and the
+        guard zones touched come back as values; the learner's error is raised (rebuilt)."""
         return self._mha_session.launch(self, grid, specs, kwargs)
 
 
