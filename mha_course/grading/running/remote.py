@@ -42,6 +42,7 @@ import numpy as np
 
 from ...checks.forbid import CallWatch, find_in_source, rules_for
 from ...checks.harness import equal
+from ...checks.kernel_launch import launch_watched  # imports triton only when it launches
 from ...checks.measure import traced
 
 #: Longest message or name the kernel reports (the rest is cut).
@@ -223,8 +224,6 @@ class Server:
         if op == "call":
             return self.call(request)
         if op == "launch":  # a Triton kernel of the learner's, launched here (lesson 07.7+)
-            from ...checks.kernel_launch import launch_watched
-
             grid, specs, kwargs = _Unpickler(base64.b64decode(request["args"]), self).load()
             value = launch_watched(self.refs[request["ref"]], grid, specs, kwargs)
             return {"value": encode(value, self.refs)}
