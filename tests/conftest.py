@@ -75,7 +75,7 @@ def import_triton_flash_or_skip():
         if os.environ.get("MHA_COURSE_REQUIRE_TRITON") == "1":
             pytest.fail(
                 "MHA_COURSE_REQUIRE_TRITON=1 but triton or torch cannot be imported "
-                f"({triton_flash._IMPORT_ERROR}); " + TRITON_MISSING,
+                f"({triton_flash.IMPORT_ERROR}); " + TRITON_MISSING,
                 pytrace=False,
             )
         pytest.skip(TRITON_MISSING)
@@ -128,11 +128,13 @@ SLOW_TESTS = {  # single end-to-end tests in files that are otherwise fast
 def pytest_collection_modifyitems(config, items):
     """Mark the end-to-end tests ``slow``: the files above, single tests, the browser tests.
 
-    Also skip the Triton module's doctests without triton and torch (``pytest --doctest-modules
-    mha_course``), unless ``MHA_COURSE_REQUIRE_TRITON=1``."""
+    Also skip the Triton kernels' doctests (``triton_flash``'s, ``traffic.count_traffic``'s)
+    without triton and torch (``pytest --doctest-modules mha_course``), unless
+    ``MHA_COURSE_REQUIRE_TRITON=1``."""
     triton_missing = None
     for item in items:
-        if (item.name.startswith("mha_course.kernels.triton_flash")
+        if (item.name.startswith(("mha_course.kernels.triton_flash",
+                                  "mha_course.kernels.traffic.count_traffic"))
                 and os.environ.get("MHA_COURSE_REQUIRE_TRITON") != "1"):
             if triton_missing is None:
                 from mha_course.kernels import triton_flash

@@ -6,7 +6,9 @@ passes it at launch), so the test shows the check catches that one mistake: the 
 rescaled when the running max grows, the log-sum-exp not written or in base 2, the causal mask
 off by one on the diagonal or aligned top-left, the GQA head mapped by ``i % g`` or K/V read as
 if copied, a tail block read or written past the end, the backward's weights not recomputed from the
-saved log-sum-exp or D not subtracted. The generic contract
+saved log-sum-exp or D not subtracted. What every kernel shares (a masked tile load and store,
+the running max/sum/output at the start, the online-softmax step) is written once as Triton
+helpers; each kernel writes out only the part its mistakes are in. The generic contract
 (``tests/check_contract.py``) is bound to :data:`CORRECT` by :class:`TestContract`.
 
 Without triton or torch the module is skipped with one line, unless
@@ -53,21 +55,47 @@ class Mistake(KernelInterface):
         return lambda *args, **kwargs: launch(*args, MISTAKE=self.mistake, **kwargs)
 
 
+# ------------------------------------------------------------------ what every kernel shares
+@triton.jit
+def _tile(P, idx, n, D: tl.constexpr):
+    """Rows ``idx`` of the row-major (n, D) matrix at ``P``; zeros for rows at or past ``n``."""
+    offs_d = tl.arange(0, D)
+    return tl.load(P + idx[:, None] * D + offs_d[None, :], mask=idx[:, None] < n, other=0.0)
+
+
+@triton.jit
+def _store_tile(P, idx, n, x, D: tl.constexpr):
+    """Write ``x`` to rows ``idx`` of the (n, D) matrix at ``P``, none at or past ``n``."""
+    offs_d = tl.arange(0, D)
+    tl.store(P + idx[:, None] * D + offs_d[None, :], x, mask=idx[:, None] < n)
+
+
+@triton.jit
+def _start(BLOCK_M: tl.constexpr, D: tl.constexpr):
+    """The running max, sum and output of a query block before any key: -inf, 0, 0."""
+    return (tl.full((BLOCK_M,), float("-inf"), tl.float32), tl.zeros((BLOCK_M,), tl.float32),
+            tl.zeros((BLOCK_M, D), tl.float32))
+
+
+@triton.jit
+def _online_step(s, v, m_i, l_i, acc):
+    """Fold one key tile (scores ``s``, values ``v``) into the running max, sum and output."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(s - m_new[:, None])
+    return m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p, v)
+
+
 # ------------------------------------------------------------------ kernels with switches
 @triton.jit
 def _flash(Q, K, V, O, LSE, T, S, scale, D: tl.constexpr, BLOCK_M: tl.constexpr,
            BLOCK_N: tl.constexpr, MISTAKE: tl.constexpr = 0):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, D)
-    q = tl.load(Q + rows[:, None] * D + offs_d[None, :], mask=rows[:, None] < T, other=0.0)
-    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-    l_i = tl.zeros((BLOCK_M,), tl.float32)
-    acc = tl.zeros((BLOCK_M, D), tl.float32)
-    for start_n in range(0, S, BLOCK_N):
-        cols = start_n + offs_n
-        k = tl.load(K + cols[:, None] * D + offs_d[None, :], mask=cols[:, None] < S, other=0.0)
-        v = tl.load(V + cols[:, None] * D + offs_d[None, :], mask=cols[:, None] < S, other=0.0)
+    q = _tile(Q, rows, T, D)
+    m_i, l_i, acc = _start(BLOCK_M, D)
+    for start_n in range(0, S, BLOCK_N):  # the online step written out: its mistakes are here
+        cols = start_n + tl.arange(0, BLOCK_N)
+        k, v = _tile(K, cols, S, D), _tile(V, cols, S, D)
         s = tl.where(cols[None, :] < S, tl.dot(q, tl.trans(k)) * scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp(m_i - m_new)
@@ -85,9 +113,9 @@ def _flash(Q, K, V, O, LSE, T, S, scale, D: tl.constexpr, BLOCK_M: tl.constexpr,
         m_i = m_new
     o = acc if MISTAKE == 4 else acc / l_i[:, None]
     if MISTAKE == 8:
-        tl.store(O + rows[:, None] * D + offs_d[None, :], o)
+        tl.store(O + rows[:, None] * D + tl.arange(0, D)[None, :], o)
     else:
-        tl.store(O + rows[:, None] * D + offs_d[None, :], o, mask=rows[:, None] < T)
+        _store_tile(O, rows, T, o, D)
     if MISTAKE == 6:
         tl.store(LSE + rows, (m_i + tl.log(l_i)) * 1.4426950408889634, mask=rows < T)
     elif MISTAKE == 7:
@@ -101,15 +129,10 @@ def _causal(Q, K, V, O, LSE, T, S, scale, D: tl.constexpr, BLOCK_M: tl.constexpr
             BLOCK_N: tl.constexpr, MISTAKE: tl.constexpr = 0):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, D)
-    q = tl.load(Q + rows[:, None] * D + offs_d[None, :], mask=rows[:, None] < T, other=0.0)
-    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-    l_i = tl.zeros((BLOCK_M,), tl.float32)
-    acc = tl.zeros((BLOCK_M, D), tl.float32)
+    q = _tile(Q, rows, T, D)
+    m_i, l_i, acc = _start(BLOCK_M, D)
     for start_n in range(0, S, BLOCK_N):
         cols = start_n + offs_n
-        k = tl.load(K + cols[:, None] * D + offs_d[None, :], mask=cols[:, None] < S, other=0.0)
-        v = tl.load(V + cols[:, None] * D + offs_d[None, :], mask=cols[:, None] < S, other=0.0)
         if MISTAKE == 1:
             visible = cols[None, :] < rows[:, None] + (S - T)
         elif MISTAKE == 2:
@@ -120,15 +143,10 @@ def _causal(Q, K, V, O, LSE, T, S, scale, D: tl.constexpr, BLOCK_M: tl.constexpr
             visible = offs_n[None, :] <= tl.arange(0, BLOCK_M)[:, None] + (S - T)
         else:
             visible = cols[None, :] <= rows[:, None] + (S - T)
-        s = tl.where(visible & (cols[None, :] < S), tl.dot(q, tl.trans(k)) * scale,
-                     float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p, v)
-        m_i = m_new
-    tl.store(O + rows[:, None] * D + offs_d[None, :], acc / l_i[:, None], mask=rows[:, None] < T)
+        s = tl.where(visible & (cols[None, :] < S),
+                     tl.dot(q, tl.trans(_tile(K, cols, S, D))) * scale, float("-inf"))
+        m_i, l_i, acc = _online_step(s, _tile(V, cols, S, D), m_i, l_i, acc)
+    _store_tile(O, rows, T, acc / l_i[:, None], D)
     tl.store(LSE + rows, m_i + tl.log(l_i), mask=rows < T)
 
 
@@ -149,78 +167,53 @@ def _gqa(Q, K, V, O, T, S, scale, H, G, D: tl.constexpr, BLOCK_M: tl.constexpr,
     K += kv * S * D
     V += kv * S * D
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, D)
-    q = tl.load(Q + rows[:, None] * D + offs_d[None, :], mask=rows[:, None] < T, other=0.0)
-    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-    l_i = tl.zeros((BLOCK_M,), tl.float32)
-    acc = tl.zeros((BLOCK_M, D), tl.float32)
+    q = _tile(Q, rows, T, D)
+    m_i, l_i, acc = _start(BLOCK_M, D)
     for start_n in range(0, S, BLOCK_N):
-        cols = start_n + offs_n
-        k = tl.load(K + cols[:, None] * D + offs_d[None, :], mask=cols[:, None] < S, other=0.0)
-        v = tl.load(V + cols[:, None] * D + offs_d[None, :], mask=cols[:, None] < S, other=0.0)
-        s = tl.where(cols[None, :] < S, tl.dot(q, tl.trans(k)) * scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p, v)
-        m_i = m_new
-    tl.store(O + rows[:, None] * D + offs_d[None, :], acc / l_i[:, None], mask=rows[:, None] < T)
+        cols = start_n + tl.arange(0, BLOCK_N)
+        s = tl.where(cols[None, :] < S, tl.dot(q, tl.trans(_tile(K, cols, S, D))) * scale,
+                     float("-inf"))
+        m_i, l_i, acc = _online_step(s, _tile(V, cols, S, D), m_i, l_i, acc)
+    _store_tile(O, rows, T, acc / l_i[:, None], D)
 
 
 @triton.jit
 def _tail(Q, K, V, O, T, S, scale, D: tl.constexpr, BLOCK_M: tl.constexpr,
           BLOCK_N: tl.constexpr, MISTAKE: tl.constexpr = 0):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
-    q = tl.load(Q + rows[:, None] * D + offs_d[None, :], mask=rows[:, None] < T, other=0.0)
-    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-    l_i = tl.zeros((BLOCK_M,), tl.float32)
-    acc = tl.zeros((BLOCK_M, D), tl.float32)
+    q = _tile(Q, rows, T, D)
+    m_i, l_i, acc = _start(BLOCK_M, D)
     for start_n in range(0, S, BLOCK_N):
-        cols = start_n + offs_n
-        inside = cols < S
+        cols = start_n + tl.arange(0, BLOCK_N)
         if MISTAKE == 1:
             k = tl.load(K + cols[:, None] * D + offs_d[None, :])
         else:
-            k = tl.load(K + cols[:, None] * D + offs_d[None, :], mask=inside[:, None], other=0.0)
+            k = _tile(K, cols, S, D)
         if MISTAKE == 2:
             v = tl.load(V + cols[:, None] * D + offs_d[None, :])
         else:
-            v = tl.load(V + cols[:, None] * D + offs_d[None, :], mask=inside[:, None], other=0.0)
+            v = _tile(V, cols, S, D)
         s = tl.dot(q, tl.trans(k)) * scale
         if MISTAKE != 3:
-            s = tl.where(inside[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p, v)
-        m_i = m_new
+            s = tl.where((cols < S)[None, :], s, float("-inf"))
+        m_i, l_i, acc = _online_step(s, v, m_i, l_i, acc)
     if MISTAKE == 4:
         tl.store(O + rows[:, None] * D + offs_d[None, :], acc / l_i[:, None])
     else:
-        tl.store(O + rows[:, None] * D + offs_d[None, :], acc / l_i[:, None],
-                 mask=rows[:, None] < T)
+        _store_tile(O, rows, T, acc / l_i[:, None], D)
 
 
 @triton.jit
 def _backward(Q, K, V, DO, LSE, DELTA, DK, DV, T, S, scale, D: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MISTAKE: tl.constexpr = 0):
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, D)
-    k = tl.load(K + cols[:, None] * D + offs_d[None, :], mask=cols[:, None] < S, other=0.0)
-    v = tl.load(V + cols[:, None] * D + offs_d[None, :], mask=cols[:, None] < S, other=0.0)
+    k, v = _tile(K, cols, S, D), _tile(V, cols, S, D)
     dk = tl.zeros((BLOCK_N, D), tl.float32)
     dv = tl.zeros((BLOCK_N, D), tl.float32)
     for start_m in range(0, T, BLOCK_M):
-        rows = start_m + offs_m
-        q = tl.load(Q + rows[:, None] * D + offs_d[None, :], mask=rows[:, None] < T, other=0.0)
-        do = tl.load(DO + rows[:, None] * D + offs_d[None, :], mask=rows[:, None] < T,
-                     other=0.0)
+        rows = start_m + tl.arange(0, BLOCK_M)
+        q, do = _tile(Q, rows, T, D), _tile(DO, rows, T, D)
         lse = tl.load(LSE + rows, mask=rows < T, other=0.0)
         delta = tl.load(DELTA + rows, mask=rows < T, other=0.0)
         inside = (rows[:, None] < T) & (cols[None, :] < S)
@@ -241,10 +234,10 @@ def _backward(Q, K, V, DO, LSE, DELTA, DK, DV, T, S, scale, D: tl.constexpr,
         else:
             dk += tl.dot(tl.trans(ds), q) * scale
     if MISTAKE == 5:
-        tl.store(DK + cols[:, None] * D + offs_d[None, :], dk)
+        tl.store(DK + cols[:, None] * D + tl.arange(0, D)[None, :], dk)
     else:
-        tl.store(DK + cols[:, None] * D + offs_d[None, :], dk, mask=cols[:, None] < S)
-    tl.store(DV + cols[:, None] * D + offs_d[None, :], dv, mask=cols[:, None] < S)
+        _store_tile(DK, cols, S, dk, D)
+    _store_tile(DV, cols, S, dv, D)
 
 
 CORRECT = {

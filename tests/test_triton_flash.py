@@ -257,6 +257,40 @@ def test_without_triton_the_tests_skip_with_one_line_unless_ci_requires_them(tmp
     assert "skipped" not in failed.stdout
 
 
+def test_the_traffic_formulas_work_without_triton_or_torch(tmp_path):
+    """mha_course.kernels.traffic imports neither: with a triton and a torch that fail to import
+    the closed forms still compute, and count_traffic with the interpreter off refuses before it
+    imports triton."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    for name in ("triton", "torch"):
+        (tmp_path / f"{name}.py").write_text(f"raise ImportError('{name} is not installed')\n")
+    code = ("import sys\nfrom mha_course.kernels import traffic\n"
+            "print(traffic.flash_forward_bytes(1, 1, 1, 20, 20, 16),\n"
+            "      traffic.standard_attention_bytes(1, 1, 1, 20, 20, 16),\n"
+            "      traffic.flash_backward_bytes(1, 2, 1, 20, 20, 16, causal=True))\n"
+            "try:\n    traffic.count_traffic().__enter__()\n"
+            "except RuntimeError as exc:\n    print(str(exc).split(':')[0])\n"
+            "print(sorted(m for m in ('triton', 'torch') if m in sys.modules))\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(root)])
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    from mha_course.kernels import traffic
+
+    assert result.stdout.splitlines() == [
+        f"{traffic.flash_forward_bytes(1, 1, 1, 20, 20, 16)} "
+        f"{traffic.standard_attention_bytes(1, 1, 1, 20, 20, 16)} "
+        f"{traffic.flash_backward_bytes(1, 2, 1, 20, 20, 16, causal=True)}",
+        "count_traffic", "[]"]
+    assert traffic.flash_forward_bytes(1, 1, 1, 20, 20, 16) == 7760
+
+
 # ------------------------------------------------------------------ the GPU benchmark
 def test_the_gpu_benchmark_says_it_needs_a_gpu_and_exits_0_on_a_cpu():
     import subprocess

@@ -13,7 +13,7 @@ the end, the backward's weights recomputed without the saved log-sum-exp or with
 D = rowsum(dO ∘ O). Every tensor the kernel reads or writes is a view of a larger one whose
 extra rows hold NaN, and the interpreter's loads and stores are watched while the kernel runs:
 a lane that touches those rows is a read (or write) past the end, even where a later
-``tl.where`` hides the value it read.
+``tl.where`` hides the value it read (the launch: :mod:`mha_course.checks.kernel_launch`).
 
 Triton and torch are imported when a check runs, never by ``import mha_course``; without them a
 check raises ``ImportError`` saying how to install them (``pip install -e '.[kernels]'``). A plain
@@ -23,14 +23,13 @@ arguments as the kernel, so the exercise stub's ``NotImplementedError`` passes t
 
 from __future__ import annotations
 
-import contextlib
 import math
-import warnings
 
 import numpy as np
 
 from .. import attention_backward, softmax, tiled_attention
-from .harness import CheckFailed, check_rng, fail, fmt_pair, passed
+from .harness import check_rng, fail, fmt_pair, passed
+from .kernel_launch import GUARD, launch_kernel
 
 __all__ = [
     "check_backward_from_lse",
@@ -42,156 +41,6 @@ __all__ = [
 
 #: float32 kernel against the float64 reference.
 RTOL, ATOL = 2e-4, 2e-5
-#: Rows of NaN past the end of every tensor a check hands a kernel.
-GUARD = 16
-INSTALL = ("the kernel exercises (07.7 to 07.11) need Triton and PyTorch: "
-           "pip install -e '.[kernels]' (triton==3.9.0), then restart the kernel")
-
-
-def _modules():
-    """(torch, triton), or ImportError saying how to install them."""
-    try:
-        import torch
-        import triton
-    except ImportError as exc:
-        raise ImportError(f"{INSTALL} ({exc})") from None
-    return torch, triton
-
-
-class _Memory:
-    """The tensors of one launch: each a view of a larger tensor whose extra rows are guards."""
-
-    def __init__(self):
-        self.torch, _ = _modules()
-        self.zones: list[tuple[str, int, int]] = []  # (name, start, end) of the guard rows
-        self.bodies: list[tuple[str, int, int]] = []  # (name, start, end) of the tensors
-        self.backing: dict[str, object] = {}
-
-    def tensor(self, name: str, array, fill=math.nan):
-        """A float32 torch tensor holding ``array``, then GUARD rows of ``fill`` in memory."""
-        torch = self.torch
-        array = np.asarray(array, dtype=np.float32)
-        rows, rest = array.shape[0], array.shape[1:]
-        big = torch.full((rows + GUARD, *rest), fill, dtype=torch.float32)
-        view = big[:rows]
-        view.copy_(torch.from_numpy(np.ascontiguousarray(array)))
-        start = big.data_ptr() + view.numel() * 4
-        self.bodies.append((name, big.data_ptr(), start))
-        self.zones.append((name, start, big.data_ptr() + big.numel() * 4))
-        self.backing[name] = big
-        return view
-
-    def empty(self, name: str, shape):
-        """An output tensor, NaN where the kernel has not written (guards past its end too)."""
-        return self.tensor(name, np.full(shape, np.nan, dtype=np.float32))
-
-
-@contextlib.contextmanager
-def _watch(memory: _Memory):
-    """Record which guard zones the interpreter's active load and store lanes touch."""
-    from triton.runtime import interpreter
-
-    builder = interpreter.InterpreterBuilder
-    load, store = builder.create_masked_load, builder.create_masked_store
-    hits: dict[str, list[str]] = {"read": [], "wrote": [], "stored": []}
-
-    def touched(ptrs, mask, kind):
-        addr = np.asarray(ptrs.data).astype(np.uint64)
-        active = np.broadcast_to(np.asarray(mask.data, dtype=bool), addr.shape)
-        addr = addr[active]
-        zones = [(kind, memory.zones)] + ([("stored", memory.bodies)] if kind == "wrote" else [])
-        for key, where in zones:
-            for name, lo, hi in where:
-                if name not in hits[key] and ((addr >= lo) & (addr < hi)).any():
-                    hits[key].append(name)
-
-    def watched_load(self, ptrs, mask, other, *args, **kwargs):
-        touched(ptrs, mask, "read")
-        return load(self, ptrs, mask, other, *args, **kwargs)
-
-    def watched_store(self, ptrs, value, mask, *args, **kwargs):
-        touched(ptrs, mask, "wrote")
-        return store(self, ptrs, value, mask, *args, **kwargs)
-
-    builder.create_masked_load, builder.create_masked_store = watched_load, watched_store
-    try:
-        yield hits
-    finally:
-        builder.create_masked_load, builder.create_masked_store = load, store
-
-
-def _is_kernel(fn) -> bool:
-    try:
-        from triton.runtime.jit import KernelInterface
-    except ImportError:
-        return False
-    return isinstance(fn, KernelInterface)
-
-
-def _unwrap(exc: BaseException) -> BaseException:
-    """The learner's own exception inside the interpreter's ``InterpreterError``."""
-    seen = 0
-    while type(exc).__name__ == "InterpreterError" and exc.__cause__ is not None and seen < 5:
-        exc, seen = exc.__cause__, seen + 1
-    return exc
-
-
-def launch_watched(kernel, grid, specs, kwargs) -> dict:
-    """Build the tensors ``specs`` describes, launch ``kernel[grid]`` on them, watched.
-
-    ``specs`` lists the kernel's positional arguments: ``("in", name, array)`` for an input,
-    ``("out", name, shape)`` for an output (filled with NaN), anything else as it is. Each
-    tensor is followed in memory by GUARD rows of NaN. A plain Python function (not a Triton
-    kernel) is called with the same arguments. Returns ``{"out": {name: array}, "read": [...],
-    "wrote": [...], "stored": [...]}``: the outputs and the tensors whose guard rows an active
-    lane read or wrote, and those stored into. The learner's own exception is raised, not the
-    interpreter's ``InterpreterError`` around it.
-
-    In grading mode the checker runs this in the learner's kernel (``op: launch``, see
-    :mod:`mha_course.grading.running.remote`): the kernel lives there, and only what this
-    returns, arrays and names, comes back.
-    """
-    mem = _Memory()
-    args, outs = [], {}
-    for spec in specs:
-        if isinstance(spec, tuple) and len(spec) == 3 and spec[0] in ("in", "out"):
-            kind, name, value = spec
-            args.append(mem.tensor(name, value) if kind == "in" else mem.empty(name, value))
-            if kind == "out":
-                outs[name] = args[-1]
-        else:
-            args.append(spec)
-    with _watch(mem) as hits, warnings.catch_warnings(), np.errstate(all="ignore"):
-        warnings.simplefilter("ignore")  # NaN and inf of a wrong kernel: judged, not warned
-        try:
-            if _is_kernel(kernel):
-                kernel[grid](*args, **kwargs)
-            else:
-                kernel(*args, **kwargs)
-        except Exception as exc:
-            raise _unwrap(exc) from None
-    return {"out": {name: _np(t) for name, t in outs.items()}, **hits}
-
-
-def _launch(ex, kernel, grid, specs, kwargs):
-    """Run the learner's kernel through :func:`launch_watched`, here or (grading mode) in the
-    learner's kernel; turn its exception into a :class:`CheckFailed` (the stub's unchanged)."""
-    _modules()
-    if not callable(kernel) and not _is_kernel(kernel):
-        raise fail(ex, f"expected your @triton.jit kernel, got {type(kernel).__name__}: pass "
-                       "the kernel itself (check_x(my_kernel)), not a launch of it")
-    remote = getattr(kernel, "mha_course_remote_launch", None)
-    try:
-        if remote is not None:
-            return remote(grid, specs, kwargs)
-        return launch_watched(kernel, grid, specs, kwargs)
-    except (NotImplementedError, CheckFailed):
-        raise
-    except Exception as exc:
-        shapes = ", ".join(f"{s[1]} {tuple(np.shape(s[2])) if s[0] == 'in' else tuple(s[2])}"
-                           for s in specs if isinstance(s, tuple) and len(s) == 3)
-        raise fail(ex, f"your kernel raised {type(exc).__name__}: {exc}\n  (launched on the "
-                       f"grid {grid} with {shapes} and {kwargs})") from exc
 
 
 def _out(ex, hits, name, shape) -> np.ndarray:
@@ -203,10 +52,6 @@ def _out(ex, hits, name, shape) -> np.ndarray:
     if arr.shape != tuple(shape):
         raise fail(ex, f"the launch returned {name} of shape {arr.shape}; expected {shape}")
     return arr
-
-
-def _np(t) -> np.ndarray:
-    return t.detach().cpu().numpy().astype(float)
 
 
 def _close(a, b) -> bool:
@@ -289,7 +134,7 @@ def check_online_softmax_kernel(kernel) -> None:
         want_o, want_lse = tiled_attention(q, k, v, block_size=16, return_lse=True)
         specs = [("in", "Q", q), ("in", "K", k), ("in", "V", v), ("out", "O", (T, d)),
                  ("out", "LSE", (T,)), T, S, 1 / math.sqrt(d)]
-        hits = _launch(ex, kernel, ((T + 15) // 16,), specs,
+        hits = launch_kernel(ex, kernel, ((T + 15) // 16,), specs,
                        {"D": d, "BLOCK_M": 16, "BLOCK_N": 16})
         what = f"for T={T} queries, S={S} keys, d={d} ({label})"
         _past_end(ex, hits, what, {"O": "store O with mask=rows[:, None] < T",
@@ -339,7 +184,7 @@ def check_causal_mask_tile(kernel) -> None:
         t, s = np.arange(T)[:, None], np.arange(S)[None, :]
         specs = [("in", "Q", q), ("in", "K", k), ("in", "V", v), ("out", "O", (T, d)),
                  ("out", "LSE", (T,)), T, S, 1 / math.sqrt(d)]
-        hits = _launch(ex, kernel, ((T + 15) // 16,), specs,
+        hits = launch_kernel(ex, kernel, ((T + 15) // 16,), specs,
                        {"D": d, "BLOCK_M": 16, "BLOCK_N": 16})
         what = f"for T={T} queries, S={S} keys (offset S - T = {S - T}), blocks of 16"
         _past_end(ex, hits, what, {"K": "keep the loads masked (cols < S)",
@@ -401,7 +246,7 @@ def check_gqa_head_map(kernel) -> None:
         want = per_kv[np.arange(H), want_map]
         specs = [("in", "Q", q), ("in", "K", k), ("in", "V", v), ("out", "O", (H, T, d)),
                  T, S, 1 / math.sqrt(d), H, G]
-        hits = _launch(ex, kernel, ((T + 15) // 16, H), specs,
+        hits = launch_kernel(ex, kernel, ((T + 15) // 16, H), specs,
                        {"D": d, "BLOCK_M": 16, "BLOCK_N": 16})
         what = f"for h={H} query heads, g={G} K/V heads (groups of {H // G})"
         i = np.arange(H)
@@ -452,7 +297,7 @@ def check_tail_block_masks(kernel) -> None:
         want = tiled_attention(q, k, v, block_size=16)
         specs = [("in", "Q", q), ("in", "K", k), ("in", "V", v), ("out", "O", (T, d)), T, S,
                  1 / math.sqrt(d)]
-        hits = _launch(ex, kernel, ((T + 15) // 16,), specs,
+        hits = launch_kernel(ex, kernel, ((T + 15) // 16,), specs,
                        {"D": d, "BLOCK_M": 16, "BLOCK_N": 16})
         what = (f"for T={T} queries, S={S} keys, blocks of 16 (the last key block has "
                 f"{S % 16 or 16} real keys)")
@@ -520,7 +365,7 @@ def check_backward_from_lse(kernel) -> None:
         specs = [("in", "Q", q), ("in", "K", k), ("in", "V", v), ("in", "DO", do),
                  ("in", "LSE", lse), ("in", "DELTA", delta), ("out", "DK", (S, d)),
                  ("out", "DV", (S, d)), T, S, 1 / math.sqrt(d)]
-        hits = _launch(ex, kernel, ((S + 15) // 16,), specs,
+        hits = launch_kernel(ex, kernel, ((S + 15) // 16,), specs,
                        {"D": d, "BLOCK_M": 16, "BLOCK_N": 16})
         what = f"for T={T} queries, S={S} keys, d={d}, blocks of 16"
         _past_end(ex, hits, what, {"DK": "store DK with mask=cols[:, None] < S",

@@ -13,7 +13,12 @@ equal to the readable one:
   ``notebooks/deep_dives/07c_triton_kernels.ipynb``): FlashAttention-2's forward and backward as
   Triton kernels, run by Triton's interpreter without a GPU, and the bytes they move. It needs
   the ``kernels`` extra (triton, torch), so this ``__init__`` never imports it: import
-  ``mha_course.kernels.triton_flash`` yourself.
+  ``mha_course.kernels.triton_flash`` yourself;
+- :mod:`~mha_course.kernels.traffic` (the same deep dive): the bytes those kernels move, counted
+  in Triton's interpreter and in closed form; it imports neither triton nor torch;
+- :mod:`~mha_course.kernels.triton_common` (importing triton and torch, the interpreter chosen
+  without a GPU, the argument checks) and :mod:`~mha_course.kernels.triton_compile` (the kernels
+  compiled to PTX without a GPU): ``triton_flash`` re-exports what the deep dive uses of them.
 
 What it may import: the attention itself (the top level) and NumPy; nothing above it imports
 it except the serving wing (split-KV decoding runs the tiled loop), the widgets (the tile

@@ -7,7 +7,8 @@ query block held in fast on-chip memory (SRAM) while it walks the key/value bloc
 source compiles for a GPU unchanged; without one, Triton's interpreter runs it on the CPU with
 torch CPU tensors, slowly: importing this module on a machine without CUDA sets
 ``TRITON_INTERPRET=1`` (unless it is already set) before the kernels are defined
-(``INTERPRETED`` says which way they run).
+(``INTERPRETED`` says which way they run; the import and the argument checks are in
+:mod:`mha_course.kernels.triton_common`).
 
 - :func:`flash_forward`: ``(o, lse)``, causal or not (bottom-right aligned when T != S), grouped
   query attention by program id (query head ``i`` reads K/V head ``i // (h // g)``, K and V are
@@ -16,13 +17,12 @@ torch CPU tensors, slowly: importing this module on a machine without CUDA sets
   ``D = rowsum(dO ∘ O)``, the weights recomputed tile by tile and never stored;
 - :func:`standard_attention`: attention as three kernels that write the (T, S) scores and
   weights to memory and read them back, the baseline of the traffic count;
-- :func:`count_traffic`: the bytes every ``tl.load`` and ``tl.store`` moves while the
-  interpreter runs kernels (masked-off elements not counted), and the closed forms
-  :func:`standard_attention_bytes`, :func:`flash_forward_bytes` and
-  :func:`flash_backward_bytes` that equal those counts (FlashAttention's Theorem 2, on these
-  kernels);
-- :func:`compile_for_gpu`: the same kernels compiled by Triton for an NVIDIA GPU, without one:
-  their PTX, and the shared memory, warps and pipelining stages of a launch.
+- the bytes these kernels move, counted in the interpreter (``count_traffic``) and in closed
+  form (``flash_forward_bytes``, ``standard_attention_bytes``, ``flash_backward_bytes``), live in
+  :mod:`mha_course.kernels.traffic` (no triton needed) and are re-exported here;
+- ``compile_for_gpu``: the same kernels compiled by Triton for an NVIDIA GPU, without one:
+  their PTX, and the shared memory, warps and pipelining stages of a launch; it lives in
+  :mod:`mha_course.kernels.triton_compile` and is re-exported here.
 
 Needs the ``kernels`` extra (``pip install -e '.[kernels]'``: triton and torch); ``import
 mha_course`` never imports this module. Shapes: q (B, h, T, d), k and v (B, g, S, d), float32.
@@ -30,52 +30,31 @@ mha_course`` never imports this module. Shapes: q (B, h, T, d), k and v (B, g, S
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
-import sys
-from dataclasses import dataclass, field
 
-from .._validate import fail, fmt_shape
-
-_TRITON_TOO_EARLY = False  # triton was imported before the interpreter could be chosen
-try:
-    import torch
-
-    if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
-        os.environ["TRITON_INTERPRET"] = "1"  # no GPU: the interpreter runs the kernels
-        # triton's own library (tl.sum, tl.max, ...) was compiled-mode already: it cannot run
-        _TRITON_TOO_EARLY = "triton" in sys.modules
-    import triton
-    import triton.language as tl
-except ImportError as _exc:  # the extra is not installed: the module imports, the kernels refuse
-    HAS_TRITON = False
-    _IMPORT_ERROR: ImportError | None = _exc
-else:
-    HAS_TRITON = True
-    _IMPORT_ERROR = None
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-
-KERNELS_MISSING = (
-    "mha_course.kernels.triton_flash needs triton and torch: pip install -e '.[kernels]'"
+from .traffic import (  # noqa: F401  (re-exported: lesson 07c and the tests import them here)
+    Traffic,
+    count_traffic,
+    flash_backward_bytes,
+    flash_forward_bytes,
+    standard_attention_bytes,
 )
-
-
-def require_triton() -> None:
-    """Raise a clear ``ImportError`` when triton or torch is missing, and a ``RuntimeError``
-    when triton was imported, without a GPU, before this module could choose its interpreter.
-
-    >>> require_triton() if HAS_TRITON else None
-    """
-    if not HAS_TRITON:
-        raise ImportError(f"{KERNELS_MISSING} ({_IMPORT_ERROR})")
-    if _TRITON_TOO_EARLY:
-        raise RuntimeError(
-            "triton was imported before mha_course.kernels.triton_flash on a machine without a "
-            "GPU, so Triton's interpreter cannot run the kernels: restart Python and import "
-            "mha_course.kernels.triton_flash first (or set TRITON_INTERPRET=1 before importing "
-            "triton)")
-
+from .triton_common import (  # noqa: F401  (HAS_TRITON, INTERPRETED, ...: re-exported)
+    HAS_TRITON,
+    IMPORT_ERROR,
+    INTERPRETED,
+    KERNELS_MISSING,
+    block_d,
+    check_block,
+    check_like,
+    check_qkv,
+    launch_options,
+    require_triton,
+    tl,
+    torch,
+    triton,
+)
+from .triton_compile import GpuBuild, compile_for_gpu  # noqa: F401  (re-exported)
 
 if HAS_TRITON:
 
@@ -335,43 +314,6 @@ if HAS_TRITON:
                  mask=row_ok[:, None] & d_ok[None, :])
 
 
-def _check_block(func: str, name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 16 or value & (value - 1):
-        raise fail(func, f"{name} is {value!r}; expected a power of two >= 16 (tl.dot's minimum)")
-    return value
-
-
-def _check_tensor(func: str, name: str, x, ndim: int, letters: str):
-    if not isinstance(x, torch.Tensor):
-        raise fail(func, f"{name} is a {type(x).__name__}; expected a torch tensor {letters}")
-    if x.ndim != ndim:
-        raise fail(func, f"{name} has shape {fmt_shape(x.shape)}; expected {letters}")
-    if x.dtype != torch.float32:
-        raise fail(func, f"{name} has dtype {x.dtype}; expected torch.float32")
-    return x
-
-
-def _check_qkv(func: str, q, k, v):
-    """The shapes of q (B, h, T, d), k and v (B, g, S, d) with h % g == 0; returns them."""
-    _check_tensor(func, "q", q, 4, "(B, h, T, d)")
-    _check_tensor(func, "k", k, 4, "(B, g, S, d)")
-    _check_tensor(func, "v", v, 4, "(B, g, S, d)")
-    B, h, T, d = q.shape
-    _, g, S, _ = k.shape
-    if k.shape[0] != B or k.shape[3] != d or g < 1 or h % g:
-        raise fail(func, f"k has shape {fmt_shape(k.shape)}; expected (B, g, S, d) with B={B}, "
-                         f"d={d} (from q) and g dividing h={h}")
-    if tuple(v.shape) != tuple(k.shape):
-        raise fail(func, f"v has shape {fmt_shape(v.shape)}; expected (B, g, S, d) = "
-                         f"{fmt_shape(k.shape)} (from k)")
-    if T < 1 or S < 1 or d < 1:
-        raise fail(func, f"q has shape {fmt_shape(q.shape)} and k {fmt_shape(k.shape)}; "
-                         "expected T, S and d >= 1")
-    if not (q.device == k.device == v.device):
-        raise fail(func, f"q, k, v are on {q.device}, {k.device}, {v.device}; expected one device")
-    return B, h, g, T, S, d
-
-
 def flash_forward(q, k, v, *, causal=False, block_m=16, block_n=16, num_warps=None,
                   num_stages=None):
     """FlashAttention-2's forward in Triton: ``(o, lse)`` without the (T, S) matrix.
@@ -428,9 +370,9 @@ def flash_forward(q, k, v, *, causal=False, block_m=16, block_n=16, num_warps=No
     """
     func = "flash_forward"
     require_triton()
-    B, h, g, T, S, d = _check_qkv(func, q, k, v)
-    block_m = _check_block(func, "block_m", block_m)
-    block_n = _check_block(func, "block_n", block_n)
+    B, h, g, T, S, d = check_qkv(func, q, k, v)
+    block_m = check_block(func, "block_m", block_m)
+    block_n = check_block(func, "block_n", block_n)
     o = torch.empty((B, h, T, d), dtype=torch.float32, device=q.device)
     lse = torch.empty((B, h, T), dtype=torch.float32, device=q.device)
     grid = (triton.cdiv(T, block_m), B * h)
@@ -438,34 +380,10 @@ def flash_forward(q, k, v, *, causal=False, block_m=16, block_n=16, num_warps=No
         q, k, v, o, lse, 1.0 / math.sqrt(d),
         *q.stride(), *k.stride(), *v.stride(), *o.stride(), *lse.stride(),
         h, g, T, S, d,
-        CAUSAL=bool(causal), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_block_d(d),
-        **_launch_options(func, num_warps, num_stages),
+        CAUSAL=bool(causal), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d(d),
+        **launch_options(func, num_warps, num_stages),
     )
     return o, lse
-
-
-def _launch_options(func: str, num_warps, num_stages) -> dict:
-    options = {}
-    for name, value in (("num_warps", num_warps), ("num_stages", num_stages)):
-        if value is not None:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise fail(func, f"{name} is {value!r}; expected an integer >= 1 or None")
-            options[name] = value
-    return options
-
-
-def _block_d(d: int) -> int:
-    return max(16, triton.next_power_of_2(d))
-
-
-def _check_like(func: str, name: str, x, shape: tuple, letters: str, device):
-    _check_tensor(func, name, x, len(shape), letters)
-    if tuple(x.shape) != tuple(shape):
-        raise fail(func, f"{name} has shape {fmt_shape(x.shape)}; expected {letters} = "
-                         f"{fmt_shape(shape)} (from q)")
-    if x.device != device:
-        raise fail(func, f"{name} is on {x.device}; expected {device} (from q)")
-    return x
 
 
 def flash_backward(q, k, v, o, lse, do, *, causal=False, block_m=16, block_n=16,
@@ -519,13 +437,13 @@ def flash_backward(q, k, v, o, lse, do, *, causal=False, block_m=16, block_n=16,
     """
     func = "flash_backward"
     require_triton()
-    B, h, g, T, S, d = _check_qkv(func, q, k, v)
-    _check_like(func, "o", o, (B, h, T, d), "(B, h, T, d)", q.device)
-    _check_like(func, "lse", lse, (B, h, T), "(B, h, T)", q.device)
-    _check_like(func, "do", do, (B, h, T, d), "(B, h, T, d)", q.device)
-    block_m = _check_block(func, "block_m", block_m)
-    block_n = _check_block(func, "block_n", block_n)
-    bd, scale = _block_d(d), 1.0 / math.sqrt(d)
+    B, h, g, T, S, d = check_qkv(func, q, k, v)
+    check_like(func, "o", o, (B, h, T, d), "(B, h, T, d)", q.device)
+    check_like(func, "lse", lse, (B, h, T), "(B, h, T)", q.device)
+    check_like(func, "do", do, (B, h, T, d), "(B, h, T, d)", q.device)
+    block_m = check_block(func, "block_m", block_m)
+    block_n = check_block(func, "block_n", block_n)
+    bd, scale = block_d(d), 1.0 / math.sqrt(d)
     delta = torch.empty((B, h, T), dtype=torch.float32, device=q.device)
     _bwd_preprocess_kernel[(triton.cdiv(T, block_m), B * h)](
         o, do, delta, *o.stride(), *do.stride(), h, T, d, BLOCK_M=block_m, BLOCK_D=bd)
@@ -533,7 +451,7 @@ def flash_backward(q, k, v, o, lse, do, *, causal=False, block_m=16, block_n=16,
     dk = torch.empty((B, g, S, d), dtype=torch.float32, device=q.device)
     dv = torch.empty((B, g, S, d), dtype=torch.float32, device=q.device)
     common = dict(CAUSAL=bool(causal), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=bd,
-                  **_launch_options(func, num_warps, num_stages))
+                  **launch_options(func, num_warps, num_stages))
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride(), *lse.stride())
     _bwd_dkdv_kernel[(triton.cdiv(S, block_n), B * g)](
         q, k, v, do, lse, delta, dk, dv, scale, *strides, h, g, T, S, d, **common)
@@ -558,10 +476,10 @@ def standard_attention(q, k, v, *, causal=False, block_m=16, block_n=16):
     """
     func = "standard_attention"
     require_triton()
-    B, h, g, T, S, d = _check_qkv(func, q, k, v)
-    block_m = _check_block(func, "block_m", block_m)
-    block_n = _check_block(func, "block_n", block_n)
-    bd = _block_d(d)
+    B, h, g, T, S, d = check_qkv(func, q, k, v)
+    block_m = check_block(func, "block_m", block_m)
+    block_n = check_block(func, "block_n", block_n)
+    bd = block_d(d)
     scores = torch.empty((B, h, T, S), dtype=torch.float32, device=q.device)
     weights = torch.empty_like(scores)
     o = torch.empty((B, h, T, d), dtype=torch.float32, device=q.device)
@@ -574,253 +492,3 @@ def standard_attention(q, k, v, *, causal=False, block_m=16, block_n=16):
         weights, v, o, *v.stride(), h, g, T, S, d, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=bd)
     return o
-
-
-# ------------------------------------------------------------------ the same source, for a GPU
-_KERNELS = {  # name -> (the kernel, its pointer arguments)
-    "forward": ("_flash_fwd_kernel", {"Q", "K", "V", "O", "LSE"}),
-    "backward_dkdv": ("_bwd_dkdv_kernel", {"Q", "K", "V", "DO", "LSE", "DELTA", "DK", "DV"}),
-    "backward_dq": ("_bwd_dq_kernel", {"Q", "K", "V", "DO", "LSE", "DELTA", "DQ"}),
-}
-
-
-@dataclass
-class GpuBuild:
-    """What :func:`compile_for_gpu` returns: the PTX and Triton's GPU IR of one kernel, and
-    what its launch needs (bytes of shared memory per program, warps, pipelining stages)."""
-
-    kernel: str
-    arch: int
-    ptx: str
-    ttgir: str
-    shared: int
-    num_warps: int
-    num_stages: int
-
-
-def compile_for_gpu(kernel="forward", *, causal=False, block_m=64, block_n=64, d=64,
-                    num_warps=4, num_stages=3, arch=90):
-    """Compile one of the kernels for an NVIDIA GPU, without one: Triton's own compiler.
-
-    The source is the one the interpreter runs; the compiler turns it into Triton's GPU IR
-    (``ttgir``: the layouts of each block across the warps) and PTX, the GPU's assembly, which
-    shows what it becomes (``cp.async``: the loads ``num_stages`` pipelines; ``ex2.approx``:
-    the exponentials). The compilation runs in a fresh Python (a process that runs the
-    interpreter cannot also compile), in seconds to a minute per kernel.
-
-    Parameters
-    ----------
-    kernel : {"forward", "backward_dkdv", "backward_dq"}
-    causal, block_m, block_n, d
-        As :func:`flash_forward` (``d`` is padded to a power of two >= 16).
-    num_warps, num_stages, arch : int
-        Warps per program, software-pipelining stages, the target's compute capability times
-        ten (80 an A100, 90 an H100).
-
-    Returns
-    -------
-    GpuBuild
-    """
-    func = "compile_for_gpu"
-    require_triton()
-    if kernel not in _KERNELS:
-        raise fail(func, f"kernel is {kernel!r}; expected one of {sorted(_KERNELS)}")
-    block_m = _check_block(func, "block_m", block_m)
-    block_n = _check_block(func, "block_n", block_n)
-    for name, value in (("d", d), ("num_warps", num_warps), ("num_stages", num_stages),
-                        ("arch", arch)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise fail(func, f"{name} is {value!r}; expected an integer >= 1")
-    import json
-    import subprocess
-    import sys
-
-    request = dict(kernel=kernel, causal=bool(causal), block_m=block_m, block_n=block_n,
-                   block_d=_block_d(d), num_warps=num_warps, num_stages=num_stages, arch=arch)
-    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {**os.environ, "TRITON_INTERPRET": "0",
-           "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH"))
-                                         if p)}
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    result = subprocess.run(
-        [sys.executable, "-c", "import sys\nfrom mha_course.kernels.triton_flash import "
-         "_compile_main\n_compile_main(sys.argv[1])", json.dumps(request)],
-        capture_output=True, text=True, env=env, check=False)
-    if result.returncode != 0:
-        raise RuntimeError(f"{func}: Triton's compiler failed:\n{result.stderr[-4000:]}")
-    return GpuBuild(**json.loads(result.stdout.strip().splitlines()[-1]))
-
-
-def _compile_main(request: str) -> None:
-    """:func:`compile_for_gpu`'s other half, in the fresh Python: compile, print JSON."""
-    import json
-
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    r = json.loads(request)
-    name, pointers = _KERNELS[r["kernel"]]
-    fn = globals()[name]
-    constexprs = dict(CAUSAL=r["causal"], BLOCK_M=r["block_m"], BLOCK_N=r["block_n"],
-                      BLOCK_D=r["block_d"])
-    signature = {a: "constexpr" if a in constexprs else "*fp32" if a in pointers
-                 else "fp32" if a == "sm_scale" else "i32" for a in fn.arg_names}
-    source = ASTSource(fn, signature,
-                       constexprs={(fn.arg_names.index(a),): v for a, v in constexprs.items()})
-    built = triton.compile(source, target=GPUTarget("cuda", r["arch"], 32),
-                           options={"num_warps": r["num_warps"], "num_stages": r["num_stages"]})
-    print(json.dumps(dict(kernel=r["kernel"], arch=r["arch"], ptx=built.asm["ptx"],
-                          ttgir=built.asm["ttgir"], shared=built.metadata.shared,
-                          num_warps=built.metadata.num_warps,
-                          num_stages=built.metadata.num_stages)))
-
-# ------------------------------------------------------------------ memory traffic
-@dataclass
-class Traffic:
-    """Bytes moved by ``tl.load`` (``loaded``) and ``tl.store`` (``stored``) inside
-    :func:`count_traffic`; ``per_kernel`` maps each kernel's name to its ``[loaded, stored]``."""
-
-    loaded: int = 0
-    stored: int = 0
-    per_kernel: dict = field(default_factory=dict)
-
-    @property
-    def total(self) -> int:
-        return self.loaded + self.stored
-
-
-@contextlib.contextmanager
-def count_traffic():
-    """Count the bytes every ``tl.load`` and ``tl.store`` moves while kernels run inside it.
-
-    Wraps the Triton interpreter's memory operations (its builder's masked load and store, which
-    every ``tl.load``/``tl.store`` goes through): each adds the bytes of its *unmasked*
-    elements, the ones a GPU would move between its memory (HBM) and the chip. Loads of
-    masked-off elements (a tail block past the end) move nothing and count nothing. The
-    interpreter must be running the kernels (no GPU, or ``TRITON_INTERPRET=1``); on a GPU use
-    a profiler (Nsight Compute) instead. Counts nest: an inner ``with`` counts its kernels in
-    both. (Tensor-descriptor loads, TMA, are not counted; these kernels use none.)
-
-    >>> g = torch.Generator().manual_seed(0)
-    >>> q, k, v = (torch.randn(1, 1, 20, 16, generator=g) for _ in range(3))
-    >>> with count_traffic() as traffic:
-    ...     _ = flash_forward(q, k, v)
-    >>> traffic.loaded, traffic.stored  # q once; k and v once per query block (2 blocks)
-    (6400, 1360)
-    >>> traffic.total == flash_forward_bytes(1, 1, 1, 20, 20, 16)
-    True
-    """
-    require_triton()
-    if not INTERPRETED:
-        raise RuntimeError("count_traffic: the kernels run on a GPU here, not in Triton's "
-                           "interpreter (TRITON_INTERPRET=1); measure with a profiler")
-    import numpy as np
-    from triton.runtime import interpreter
-
-    builder, executor = interpreter.interpreter_builder, interpreter.GridExecutor
-    traffic = Traffic()
-    current = ["?"]
-
-    def tally(kind: int, n_bytes: int) -> None:
-        counts = traffic.per_kernel.setdefault(current[0], [0, 0])
-        counts[kind] += n_bytes
-        if kind == 0:
-            traffic.loaded += n_bytes
-        else:
-            traffic.stored += n_bytes
-
-    def load(ptrs, mask, *args, **kwargs):
-        itemsize = np.dtype(interpreter._get_np_dtype(ptrs.get_element_ty())).itemsize
-        tally(0, int(np.broadcast_to(mask.data, ptrs.data.shape).sum()) * itemsize)
-        return original_load(ptrs, mask, *args, **kwargs)
-
-    def store(ptrs, value, mask, *args, **kwargs):
-        itemsize = value.data.dtype.itemsize
-        tally(1, int(np.broadcast_to(mask.data, ptrs.data.shape).sum()) * itemsize)
-        return original_store(ptrs, value, mask, *args, **kwargs)
-
-    def run(self, *args, **kwargs):
-        outer, current[0] = current[0], self.fn.__name__.lstrip("_")
-        try:
-            return original_run(self, *args, **kwargs)
-        finally:
-            current[0] = outer
-
-    original_load, original_store = builder.create_masked_load, builder.create_masked_store
-    original_run = executor.__call__
-    outer = {name: vars(builder)[name] for name in ("create_masked_load", "create_masked_store")
-             if name in vars(builder)}  # an enclosing count_traffic's, when nested
-    builder.create_masked_load, builder.create_masked_store = load, store
-    executor.__call__ = run
-    try:
-        yield traffic
-    finally:
-        del builder.create_masked_load, builder.create_masked_store  # back to the class's
-        for name, method in outer.items():
-            setattr(builder, name, method)
-        executor.__call__ = original_run
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _causal_keys(T: int, S: int, t0: int, block_m: int, block_n: int) -> int:
-    """Keys a causal program of queries [t0, t0 + block_m) loads: its key blocks up to the
-    diagonal, whole blocks, but none past S."""
-    hi = min(S, max(0, t0 + block_m + S - T))
-    return min(S, _cdiv(hi, block_n) * block_n)
-
-
-def flash_forward_bytes(B, h, g, T, S, d, *, causal=False, block_m=16, block_n=16,
-                        itemsize=4):
-    """Bytes :func:`flash_forward` moves, in closed form (equal to :func:`count_traffic`'s).
-
-    Each program reads its query block once and writes its output block and lse once; it
-    reads K and V once per query block. Without causal masking::
-
-        itemsize · B·h · (2·T·d + T + 2 · ⌈T/block_m⌉ · S·d)
-
-    i.e. Θ(N·d + N²·d/block_m) for T = S = N: FlashAttention's Theorem 2, Θ(N²d²/M), with an
-    SRAM of M numbers holding blocks of block_m ~ M/d queries. With ``causal`` each query
-    block reads only the key blocks up to its diagonal (about half for T = S). ``g`` does not
-    appear: every query head reads its group's K/V block itself (only a cache shares them).
-    """
-    keys = (sum(_causal_keys(T, S, t0, block_m, block_n) for t0 in range(0, T, block_m))
-            if causal else _cdiv(T, block_m) * S)
-    return itemsize * B * h * (2 * T * d + T + 2 * keys * d)
-
-
-def standard_attention_bytes(B, h, g, T, S, d, *, causal=False, block_m=16, block_n=16,
-                             itemsize=4):
-    """Bytes :func:`standard_attention` moves, in closed form (equal to the count)::
-
-        itemsize · B·h · (4·T·S + ⌈S/block_n⌉·T·d + 2·⌈T/block_m⌉·S·d + T·d)
-
-    the scores written and read back, the weights written and read back (4·T·S), q read once
-    per key block, k once per query block, v once per query block, the output written. With
-    blocks >= d the re-reads are at most 3·T·S: Θ(N·d + N²) for T = S = N, Theorem 2's
-    standard attention. ``causal`` masks but skips nothing, so it changes no byte.
-    """
-    return itemsize * B * h * (4 * T * S + _cdiv(S, block_n) * T * d
-                               + 2 * _cdiv(T, block_m) * S * d + T * d)
-
-
-def flash_backward_bytes(B, h, g, T, S, d, *, causal=False, block_m=16, block_n=16,
-                         itemsize=4):
-    """Bytes :func:`flash_backward` moves, in closed form (equal to the count).
-
-    ``D``: O and dO read, D written (2·T·d + T per head). dK/dV: each key block's K and V read
-    and its dK, dV written once per K/V head (4·S·d per K/V head), and for every query block
-    it visits, q, dO, lse and D read (2·d + 2 per query). dQ: q, dO, lse, D read and dQ
-    written once (3·T·d + 2·T per head), K and V read once per query block as in the forward.
-    Without causal masking, T = S = N: Θ(N·d + N²·d/block) as the forward.
-    """
-    if causal:
-        rows = sum(max(0, T - max(0, s0 - (S - T)) // block_m * block_m)
-                   for s0 in range(0, S, block_n))
-        keys = sum(_causal_keys(T, S, t0, block_m, block_n) for t0 in range(0, T, block_m))
-    else:
-        rows, keys = _cdiv(S, block_n) * T, _cdiv(T, block_m) * S
-    per_q_head = (2 * T * d + T) + rows * (2 * d + 2) + (3 * T * d + 2 * T) + 2 * keys * d
-    return itemsize * (B * h * per_q_head + B * g * 4 * S * d)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._validate import as_float_array, fail, fmt_shape, validate_positive_int
+from ..cost import attention_flops
 
 __all__ = ["decay_mask", "ssd_chunked", "ssd_flops", "ssd_quadratic", "ssd_recurrent"]
 
@@ -238,7 +239,9 @@ def ssd_flops(T: int, d_k: int, d_v: int, chunk: int) -> dict:
     The decay factors themselves (products of the ``a``'s: ``L``, ``g``, ``w``) are not counted:
     at most ``O(T·C)`` scalars, independent of the widths. Per form:
 
-    - quadratic: ``Q Kᵀ`` ``2T²d_k``, the mask ``T²``, times ``V`` ``2T²d_v``;
+    - quadratic: ``Q Kᵀ`` ``2T²d_k``, the mask ``T²``, times ``V`` ``2T²d_v`` (the two matmuls
+      are one head's ``"scores"`` and ``"weighted_sum"`` terms of
+      :func:`~mha_course.cost.attention_flops`, which this function calls);
     - recurrent: per token, the decay ``d_k d_v``, the outer product ``d_k d_v``, the sum
       ``d_k d_v``, the read ``2 d_k d_v``: ``5 T d_k d_v``;
     - chunked, per chunk of ``c`` tokens: the quadratic form on ``c`` tokens
@@ -264,10 +267,17 @@ def ssd_flops(T: int, d_k: int, d_v: int, chunk: int) -> dict:
     func = "ssd_flops"
     T, d_k, d_v, chunk = (validate_positive_int(func, n, x) for n, x in
                           (("T", T), ("d_k", d_k), ("d_v", d_v), ("chunk", chunk)))
-    sizes = [min(chunk, T - s) for s in range(0, T, chunk)]
+
+    def masked(n):  # (L ∘ Q Kᵀ) V on n tokens: attention's two matmuls for one head, and the mask
+        f = attention_flops(n, d_model=d_k, h=1, d_k=d_k, d_v=d_v)  # d_model: projections only
+        return f["scores"] + f["weighted_sum"] + n * n
+
+    def one_chunk(c):  # the masked form, the read and its decay, the state's update
+        return masked(c) + 4 * c * d_k * d_v + 2 * c * d_v + c * d_k + 2 * d_k * d_v
+
+    full, rest = divmod(T, chunk)  # full chunks, and the shorter last one
     return {
-        "quadratic": 2 * T * T * (d_k + d_v) + T * T,
+        "quadratic": masked(T),
         "recurrent": 5 * T * d_k * d_v,
-        "chunked": sum(2 * c * c * (d_k + d_v) + c * c + 4 * c * d_k * d_v + 2 * c * d_v
-                       + c * d_k + 2 * d_k * d_v for c in sizes),
+        "chunked": full * one_chunk(chunk) + (one_chunk(rest) if rest else 0),
     }

@@ -18,7 +18,7 @@ learner's code does in its kernel (replace a check, patch NumPy, install an impo
 can change is what its own functions return, and the grader judges that.
 
 A Triton kernel (lesson 07's exercises 07.7 to 07.11) is launched the same way, by the
-``launch`` request: the kernel runs :func:`mha_course.checks.kernels.launch_watched` on the
+``launch`` request: the kernel runs :func:`mha_course.checks.kernel_launch.launch_watched` on the
 learner's kernel and sends back its outputs and the guard rows it touched, as arrays and names.
 
 The kernel also reports, for a call, a use of what the exercise forbids (found by the kernel's
@@ -42,6 +42,7 @@ import numpy as np
 
 from ...checks.forbid import CallWatch, find_in_source, rules_for
 from ...checks.harness import equal
+from ...checks.kernel_launch import launch_watched  # imports triton only when it launches
 from ...checks.measure import traced
 
 #: Longest message or name the kernel reports (the rest is cut).
@@ -223,8 +224,6 @@ class Server:
         if op == "call":
             return self.call(request)
         if op == "launch":  # a Triton kernel of the learner's, launched here (lesson 07.7+)
-            from ...checks.kernels import launch_watched
-
             grid, specs, kwargs = _Unpickler(base64.b64decode(request["args"]), self).load()
             value = launch_watched(self.refs[request["ref"]], grid, specs, kwargs)
             return {"value": encode(value, self.refs)}
