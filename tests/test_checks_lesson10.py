@@ -97,12 +97,45 @@ def _crossover(config, gpu, link, bytes_per_value=2, pairs="causal", kv_factor=1
     return T - 1 if last_recompute and T > 1 else T
 
 
+def _radix(prompts, trie=False, previous_only=False, after_insert=False, split_on_end=True):
+    root, n_nodes, reused, last = {}, 0, [], ()
+    for prompt in prompts:
+        tokens, children, n = tuple(prompt), root, 0
+        while n < len(tokens) and tokens[n] in children:
+            edge, below = children[tokens[n]]
+            k = 0
+            while k < len(edge) and n + k < len(tokens) and edge[k] == tokens[n + k]:
+                k += 1
+            if k < len(edge) and (split_on_end or n + k < len(tokens)):
+                below = {edge[k]: [edge[k:], below]}
+                children[tokens[n]] = [edge[:k], below]
+                n_nodes += 1
+            elif k < len(edge):
+                n += k
+                break  # ends inside the edge: left unsplit
+            n, children = n + k, below
+        found = n
+        if previous_only:
+            pairs = zip(tokens, last, strict=False)
+            found = next((i for i, (a, b) in enumerate(pairs) if a != b),
+                         min(len(tokens), len(last)))
+        reused.append(len(tokens) if after_insert else found)
+        if n < len(tokens):
+            children[tokens[n]] = [tokens[n:], {}]
+            n_nodes += 1
+        last = tokens
+    if trie:
+        n_nodes = len({tuple(p[:i]) for p in prompts for i in range(1, len(p) + 1)})
+    return reused, n_nodes
+
+
 CORRECT_10 = {
     "10.1": ("check_decode_step_bytes", _bytes),
     "10.2": ("check_critical_batch", _critical),
     "10.3": ("check_best_draft_length", _best),
     "10.4": ("check_tree_verification", _tree),
     "10.5": ("check_reload_crossover", _crossover),
+    "10.6": ("check_radix_tree", _radix),
 }
 
 
@@ -143,6 +176,10 @@ MISTAKES = [
      "not the last at which recomputing is"),
     ("10.5", lambda c, g, b, bytes_per_value=2: _crossover(c, g, b),
      "you returned T ="),  # a cache in bf16 whatever bytes_per_value says: fails, unnamed
+    ("10.6", lambda p: _radix(p, trie=True), "edges carry RUNS of tokens"),
+    ("10.6", lambda p: _radix(p, previous_only=True), "ANY of them"),
+    ("10.6", lambda p: _radix(p, after_insert=True), "match BEFORE you insert"),
+    ("10.6", lambda p: _radix(p, split_on_end=False), "or ends inside it, splits that edge"),
 ]
 
 
@@ -173,3 +210,14 @@ def test_reload_crossover_refuses_the_package_prefill_cost():
 
     with pytest.raises(CheckFailed, match=r"Exercise 10.5 asks you to count the prefill's FLOPs"):
         checks.check_reload_crossover(uses_prefill_cost)
+
+
+def test_radix_tree_refuses_the_package_radix_cache():
+    from mha_course.serving.radix_cache import RadixCache
+
+    def uses_the_package(prompts):
+        cache = RadixCache()
+        return [cache.insert(p) for p in prompts], cache.n_nodes
+
+    with pytest.raises(CheckFailed, match=r"Exercise 10.6 asks you to build the radix tree"):
+        checks.check_radix_tree(uses_the_package)

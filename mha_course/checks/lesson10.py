@@ -6,8 +6,9 @@ wing: :func:`~mha_course.serving.roofline.decode_step_cost` and
 :func:`~mha_course.serving.roofline.critical_batch` on real configs,
 :func:`~mha_course.serving.speculative.improvement_factor` (Leviathan et al.'s Theorem 3.8), and
 :func:`~mha_course.serving.speculative.tree_mask` with a decoder's own forward pass for the tree,
-and, for the reload-or-recompute crossover of deep dive 10d §2,
-:func:`~mha_course.serving.roofline.prefill_cost` against :func:`~mha_course.cost.cache_bytes`.
+and, for deep dive 10d's exercises, :func:`~mha_course.serving.roofline.prefill_cost` against
+:func:`~mha_course.cost.cache_bytes` (reload or recompute) and
+:class:`~mha_course.serving.radix_cache.RadixCache` (the radix tree).
 """
 
 from __future__ import annotations
@@ -19,13 +20,15 @@ import numpy as np
 
 from ..cost import MODELS, cache_bytes, head_dim
 from ..serving.decoder import ContiguousCache, Decoder
+from ..serving.radix_cache import RadixCache
 from ..serving.roofline import GPUS, critical_batch, decode_step_cost, model_sizes, prefill_cost
 from ..serving.speculative import TreeView, improvement_factor, tree_depths, tree_mask
 from .harness import as_array, call, compare, fail, fmt, passed
 from .measure import check_rng
 
 __all__ = ["check_best_draft_length", "check_critical_batch",
-           "check_decode_step_bytes", "check_reload_crossover", "check_tree_verification"]
+           "check_decode_step_bytes", "check_radix_tree", "check_reload_crossover",
+           "check_tree_verification"]
 
 ROOF = "mha_course.serving.roofline"
 TINY = {"num_hidden_layers": 4, "hidden_size": 96, "num_attention_heads": 6,
@@ -295,3 +298,63 @@ def check_reload_crossover(fn) -> None:
                        f"T = {want:,}" + (f". Likely mistake: {hint}" if hint else ""))
     passed(ex, "the first prompt length at which reloading the cache beats recomputing it, on "
                "5 models and links")
+
+
+# --------------------------------------------------------------- 10.6 a radix-tree prefix cache
+def _lcp(a, b) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def _radix_probes():
+    rng = check_rng(1006)
+    hand = [[1, 2, 3, 4, 5], [1, 2, 3, 9], [1, 2], [7, 7, 7], [1, 2, 3, 4, 5, 6], [7, 7, 7],
+            [1, 2, 3, 4]]
+    probes = [("7 hand-written prompts (a split, a prefix of a prompt, a repeat)", hand)]
+    for n, vocab in ((30, 6), (25, 40)):
+        headers = [rng.integers(0, vocab, m).tolist() for m in (5, 9, 14)]
+        prompts = [headers[int(rng.integers(3))] + rng.integers(0, vocab, int(rng.integers(0, 8)))
+                   .tolist() for _ in range(n)]
+        prompts = [p for p in prompts if p]
+        probes.append((f"{len(prompts)} seeded prompts over a vocabulary of {vocab}", prompts))
+    return probes
+
+
+def check_radix_tree(fn) -> None:
+    """Exercise 10.6: ``radix_insert_and_match(prompts)`` -> ``(reused, n_nodes)``."""
+    ex = "10.6"
+    for label, prompts in _radix_probes():
+        cache = RadixCache()
+        want = [cache.insert(p) for p in prompts]  # what each prompt found before its insert
+        got = call(ex, fn, ([list(p) for p in prompts],), ("prompts",),
+                   forbid={"mha_course.serving.radix_cache": "build the radix tree yourself"})
+        if not (isinstance(got, tuple) and len(got) == 2):
+            raise fail(ex, f"expected (reused, n_nodes); got {type(got).__name__}")
+        reused = [_int(ex, r, f"reused for {label}") for r in list(got[0])]
+        if reused != want:
+            i = next((j for j, (a, b) in enumerate(zip(reused, want, strict=False)) if a != b),
+                     min(len(reused), len(want)))
+            wrong = {tuple(len(p) for p in prompts):
+                     "match BEFORE you insert: a prompt always finds itself afterwards",
+                     tuple([0] + [_lcp(p, q) for p, q in zip(prompts[1:], prompts, strict=False)]):
+                     "the tree holds every earlier prompt, not only the last one: the longest "
+                     "prefix shared with ANY of them"}
+            hint = wrong.get(tuple(reused))
+            shown = (f"prompt {i} ({prompts[i]}) found {reused[i]} tokens, expected {want[i]}"
+                     if i < min(len(reused), len(want))
+                     else f"{len(reused)} counts for {len(want)} prompts")
+            raise fail(ex, f"for {label}: {shown}" + (f". Likely mistake: {hint}" if hint else ""))
+        n_nodes = _int(ex, got[1], f"n_nodes for {label}")
+        if n_nodes != cache.n_nodes:
+            per_token = len({tuple(p[:i]) for p in prompts for i in range(1, len(p) + 1)})
+            hint = ("edges carry RUNS of tokens: a chain of single-child nodes is one edge (that "
+                    "is a trie, one node per token)" if n_nodes == per_token else
+                    "a prompt that leaves an edge part-way, or ends inside it, splits that edge "
+                    "into two nodes" if n_nodes < cache.n_nodes else None)
+            raise fail(ex, f"for {label}: your tree has {n_nodes} nodes, a radix tree of these "
+                           f"prompts has {cache.n_nodes} (the root not counted)"
+                           + (f". Likely mistake: {hint}" if hint else ""))
+    passed(ex, "the longest cached prefix of each prompt and the radix tree's node count, on 3 "
+               "workloads")
