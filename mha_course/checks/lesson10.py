@@ -5,7 +5,10 @@ cell (see :mod:`mha_course.checks`). The references are computed at check time b
 wing: :func:`~mha_course.serving.roofline.decode_step_cost` and
 :func:`~mha_course.serving.roofline.critical_batch` on real configs,
 :func:`~mha_course.serving.speculative.improvement_factor` (Leviathan et al.'s Theorem 3.8), and
-:func:`~mha_course.serving.speculative.tree_mask` with a decoder's own forward pass for the tree.
+:func:`~mha_course.serving.speculative.tree_mask` with a decoder's own forward pass for the tree,
+and, for deep dive 10d's exercises, :func:`~mha_course.serving.roofline.prefill_cost` against
+:func:`~mha_course.cost.cache_bytes` (reload or recompute) and
+:class:`~mha_course.serving.radix_cache.RadixCache` (the radix tree).
 """
 
 from __future__ import annotations
@@ -15,15 +18,17 @@ import numbers
 
 import numpy as np
 
-from ..cost import MODELS
+from ..cost import MODELS, cache_bytes, head_dim
 from ..serving.decoder import ContiguousCache, Decoder
-from ..serving.roofline import GPUS, critical_batch, decode_step_cost, model_sizes
+from ..serving.radix_cache import RadixCache
+from ..serving.roofline import GPUS, critical_batch, decode_step_cost, model_sizes, prefill_cost
 from ..serving.speculative import TreeView, improvement_factor, tree_depths, tree_mask
 from .harness import as_array, call, compare, fail, fmt, passed
 from .measure import check_rng
 
 __all__ = ["check_best_draft_length", "check_critical_batch",
-           "check_decode_step_bytes", "check_tree_verification"]
+           "check_decode_step_bytes", "check_radix_tree", "check_reload_crossover",
+           "check_tree_verification"]
 
 ROOF = "mha_course.serving.roofline"
 TINY = {"num_hidden_layers": 4, "hidden_size": 96, "num_attention_heads": 6,
@@ -213,3 +218,143 @@ def _tree_equals_branches(ex, dec, rng, parents, n_cached, mask, positions, labe
         if not np.allclose(rows[j], want, rtol=1e-8, atol=1e-10):
             raise fail(ex, f"{label}: node {j}'s logits from the tree pass differ from verifying "
                            f"its branch {path} alone")
+
+
+# ---------------------------------------------- 10.5 reload or recompute an offloaded cache
+def _first(wins, largest: int = 1 << 40):
+    """The smallest T in 1 .. largest with ``wins(T)`` (monotone: False, then True), or None."""
+    if not wins(largest):
+        return None
+    lo, hi = 1, largest
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if wins(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def _crossover_reference(config, gpu, link, width):
+    """Reload (cache bytes / link) beats recompute (prefill FLOPs / peak) from this T on.
+
+    Reload is linear in T, recompute linear plus the causal attention's T(T+1)/2 pairs, so the
+    comparison turns once and stays: bisection finds the first T."""
+    return _first(lambda T: cache_bytes(config, T, 1, width) / link
+                  < prefill_cost(config, T, width)["flops"] / gpu["flops_per_s"])
+
+
+def _crossover_variant(config, gpu, link, width, kv_factor=1.0, heads=None, pairs="causal"):
+    """The crossover under a classic mistake (the cache's size, the pairs counted)."""
+    L, h = config["num_hidden_layers"], config["num_attention_heads"]
+    g = heads or config.get("num_key_value_heads", h)
+    kv = 2 * L * g * head_dim(config) * width * kv_factor
+    two_m = 2 * model_sizes(config)["matmul"]
+    per_pair = 4 * L * h * head_dim(config)
+    count = {"causal": lambda T: T * (T + 1) // 2, "square": lambda T: T * T,
+             "none": lambda T: 0}[pairs]
+    return _first(lambda T: kv * T / link < (two_m * T + per_pair * count(T)) / gpu["flops_per_s"])
+
+
+def check_reload_crossover(fn) -> None:
+    """Exercise 10.5: ``reload_crossover(config, gpu, link_bytes_per_s, bytes_per_value=2)`` ->
+    the smallest prompt length at which reloading its cache beats recomputing it."""
+    ex = "10.5"
+    h100 = GPUS["H100 SXM"]
+    slow_chip = {"flops_per_s": 1e12, "bytes_per_s": 1e11}
+    probes = [("Llama 3 8B", MODELS["Llama 3 8B"], h100, 7.45e9, 2, "an NVMe SSD (7.45 GB/s)"),
+              ("Llama 3 8B", MODELS["Llama 3 8B"], h100, 2e9, 2, "a 2 GB/s disk"),
+              ("Llama 3 70B", MODELS["Llama 3 70B"], h100, 7.45e9, 2, "an NVMe SSD"),
+              ("Llama 3 8B", MODELS["Llama 3 8B"], h100, 63e9, 2, "PCIe 5 x16 (63 GB/s)"),
+              ("a tiny model", TINY, slow_chip, 1e8, 4, "a 0.1 GB/s link, fp32 cache")]
+    for name, config, gpu, link, width, what in probes:
+        want = _crossover_reference(config, gpu, link, width)
+        got = call(ex, fn, (dict(config), dict(gpu), link), ("config", "gpu", "link_bytes_per_s"),
+                   {"bytes_per_value": width},
+                   forbid={f"{ROOF}.prefill_cost": "count the prefill's FLOPs yourself"})
+        label = f"for {name} on {what}"
+        if got is None:
+            raise fail(ex, f"{label} you returned None; reload wins from T = {want:,} (the "
+                           "attention's T(T+1)/2 pairs make recompute grow faster than any "
+                           "reload, so there is always a crossover)")
+        got = _int(ex, got, label)
+        if got == want:
+            continue
+        hints = {
+            _crossover_variant(config, gpu, link, width, pairs="none"):
+                "you left out the attention's T(T+1)/2 query-key pairs (4·L·h·d_head FLOPs "
+                "each): recompute grows as T², so a long enough prompt always reloads faster",
+            _crossover_variant(config, gpu, link, width, pairs="square"):
+                "a causal prefill has T(T+1)/2 query-key pairs, not T²",
+            _crossover_variant(config, gpu, link, width, kv_factor=0.5):
+                "the cache holds a key AND a value per K/V head, layer and token",
+            _crossover_variant(config, gpu, link, width, heads=config["num_attention_heads"]):
+                "the cache has num_key_value_heads heads (GQA), not num_attention_heads",
+            want - 1: "return the first T at which reloading is faster, not the last at "
+                      "which recomputing is",
+        }
+        hint = hints.get(got) if got != want else None
+        raise fail(ex, f"{label} you returned T = {got:,}; reload beats recompute from "
+                       f"T = {want:,}" + (f". Likely mistake: {hint}" if hint else ""))
+    passed(ex, "the first prompt length at which reloading the cache beats recomputing it, on "
+               "5 models and links")
+
+
+# --------------------------------------------------------------- 10.6 a radix-tree prefix cache
+def _lcp(a, b) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def _radix_probes():
+    rng = check_rng(1006)
+    hand = [[1, 2, 3, 4, 5], [1, 2, 3, 9], [1, 2], [7, 7, 7], [1, 2, 3, 4, 5, 6], [7, 7, 7],
+            [1, 2, 3, 4]]
+    probes = [("7 hand-written prompts (a split, a prefix of a prompt, a repeat)", hand)]
+    for n, vocab in ((30, 6), (25, 40)):
+        headers = [rng.integers(0, vocab, m).tolist() for m in (5, 9, 14)]
+        prompts = [headers[int(rng.integers(3))] + rng.integers(0, vocab, int(rng.integers(0, 8)))
+                   .tolist() for _ in range(n)]
+        prompts = [p for p in prompts if p]
+        probes.append((f"{len(prompts)} seeded prompts over a vocabulary of {vocab}", prompts))
+    return probes
+
+
+def check_radix_tree(fn) -> None:
+    """Exercise 10.6: ``radix_insert_and_match(prompts)`` -> ``(reused, n_nodes)``."""
+    ex = "10.6"
+    for label, prompts in _radix_probes():
+        cache = RadixCache()
+        want = [cache.insert(p) for p in prompts]  # what each prompt found before its insert
+        got = call(ex, fn, ([list(p) for p in prompts],), ("prompts",),
+                   forbid={"mha_course.serving.radix_cache": "build the radix tree yourself"})
+        if not (isinstance(got, tuple) and len(got) == 2):
+            raise fail(ex, f"expected (reused, n_nodes); got {type(got).__name__}")
+        reused = [_int(ex, r, f"reused for {label}") for r in list(got[0])]
+        if reused != want:
+            i = next((j for j, (a, b) in enumerate(zip(reused, want, strict=False)) if a != b),
+                     min(len(reused), len(want)))
+            wrong = {tuple(len(p) for p in prompts):
+                     "match BEFORE you insert: a prompt always finds itself afterwards",
+                     tuple([0] + [_lcp(p, q) for p, q in zip(prompts[1:], prompts, strict=False)]):
+                     "the tree holds every earlier prompt, not only the last one: the longest "
+                     "prefix shared with ANY of them"}
+            hint = wrong.get(tuple(reused))
+            shown = (f"prompt {i} ({prompts[i]}) found {reused[i]} tokens, expected {want[i]}"
+                     if i < min(len(reused), len(want))
+                     else f"{len(reused)} counts for {len(want)} prompts")
+            raise fail(ex, f"for {label}: {shown}" + (f". Likely mistake: {hint}" if hint else ""))
+        n_nodes = _int(ex, got[1], f"n_nodes for {label}")
+        if n_nodes != cache.n_nodes:
+            per_token = len({tuple(p[:i]) for p in prompts for i in range(1, len(p) + 1)})
+            hint = ("edges carry RUNS of tokens: a chain of single-child nodes is one edge (that "
+                    "is a trie, one node per token)" if n_nodes == per_token else
+                    "a prompt that leaves an edge part-way, or ends inside it, splits that edge "
+                    "into two nodes" if n_nodes < cache.n_nodes else None)
+            raise fail(ex, f"for {label}: your tree has {n_nodes} nodes, a radix tree of these "
+                           f"prompts has {cache.n_nodes} (the root not counted)"
+                           + (f". Likely mistake: {hint}" if hint else ""))
+    passed(ex, "the longest cached prefix of each prompt and the radix tree's node count, on 3 "
+               "workloads")

@@ -16,6 +16,9 @@ Taught in ``notebooks/10_serving.ipynb``. What lives here:
   and chunked prefill, under a cost model, with throughput, TTFT and TPOT;
 - ``prefix_cache``: block hashing over the paged cache, so requests that share a prefix reuse
   its blocks;
+- ``radix_cache``: a radix tree of token sequences (SGLang's RadixAttention), reusing any
+  shared prefix token by token, taught in deep dive 10d
+  (``notebooks/deep_dives/10d_serving_at_scale.ipynb``);
 - ``speculative``: draft and verify, greedy and rejection sampling, the acceptance-rate
   formula, a tree-attention mask;
 - ``split_kv``: Flash-Decoding's split of the cache into chunks, combined by log-sum-exp, and
