@@ -4,9 +4,10 @@ Taught in ``notebooks/09_tiny_gpt.ipynb``.
 
 :func:`train_gpt` draws ``batch_size`` random windows of the training ids at every step
 (:func:`~mha_course.models.corpus.random_windows`; with ``repeat_fraction`` a share of them
-repeat their first half, the induction probe of deep dive 09a §5), takes the loss and gradients
-(the fast step of :mod:`mha_course.models.gpt_fast` by default, or the readable
-``GPT.loss_and_grads``: the same numbers, tested), clips the gradients' global norm, and
+repeat their first half, the induction probe of deep dive 09a §5; with ``bos_id`` every window
+opens with a beginning-of-sequence id, :func:`open_with_bos`, the sink of deep dive 13d), takes
+the loss and gradients (the fast step of :mod:`mha_course.models.gpt_fast` by default, or the
+readable ``GPT.loss_and_grads``: the same numbers, tested), clips the gradients' global norm, and
 updates every parameter with lesson 08's :class:`~mha_course.models.train.Adam`. The learning
 rate warms up linearly, then follows a cosine down to a tenth of its peak. BLAS runs on
 ``blas_threads`` threads (default 1: tiny matrices gain nothing from more, and one thread makes a
@@ -29,7 +30,8 @@ from .gpt_fast import fast_logits, fast_loss_and_grads
 from .tiny_model import cross_entropy
 from .train import Adam
 
-__all__ = ["GPTHistory", "evaluate", "learning_rate", "repeat_first_half", "train_gpt"]
+__all__ = ["GPTHistory", "evaluate", "learning_rate", "open_with_bos", "repeat_first_half",
+           "train_gpt"]
 
 
 @dataclass
@@ -91,6 +93,23 @@ def repeat_first_half(x, y, fraction: float, rng) -> tuple[np.ndarray, np.ndarra
     return x, y
 
 
+def open_with_bos(x, y, bos_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Open every window with ``bos_id``: ``x = [BOS, w_0 .. w_{T-2}]``, ``y = [w_0 .. w_{T-1}]``.
+
+    ``x`` (B, T) holds ``w_0 .. w_{T-1}`` (``y`` is ``x`` shifted by one, so it is not needed
+    again): the window keeps its length, loses its last input and gains a first query whose
+    target is the window's first character. Trusts its inputs (:func:`train_gpt` validates).
+
+    Examples
+    --------
+    >>> x, y = np.arange(4)[None], np.arange(1, 5)[None]
+    >>> [a.tolist() for a in open_with_bos(x, y, 9)]
+    [[[9, 0, 1, 2]], [[0, 1, 2, 3]]]
+    """
+    bos = np.full((x.shape[0], 1), bos_id, dtype=x.dtype)
+    return np.concatenate([bos, x[:, :-1]], axis=1), x.copy()
+
+
 def evaluate(model, ids, T=None, *, batch_size=32, max_windows=None, head_mask=None,
              blas_threads=1) -> float:
     """Mean loss (nats per token) over consecutive windows of ``T`` ids that cover ``ids`` once.
@@ -127,8 +146,9 @@ def evaluate(model, ids, T=None, *, batch_size=32, max_windows=None, head_mask=N
 
 
 def train_gpt(model, train_ids, *, steps, batch_size=32, T=None, lr=3e-3, warmup=None,
-              grad_clip=1.0, seed=0, repeat_fraction=0.0, val_ids=None, eval_every=None,
-              eval_windows_max=64, progress=True, fast=True, blas_threads=1) -> GPTHistory:
+              grad_clip=1.0, seed=0, repeat_fraction=0.0, bos_id=None, val_ids=None,
+              eval_every=None, eval_windows_max=64, progress=True, fast=True,
+              blas_threads=1) -> GPTHistory:
     """Train ``model`` in place with Adam on random windows of ``train_ids``.
 
     Parameters
@@ -148,6 +168,10 @@ def train_gpt(model, train_ids, *, steps, batch_size=32, T=None, lr=3e-3, warmup
         Seed of the windows (the model's initial parameters have their own).
     repeat_fraction : float
         Share of windows that repeat their first half (:func:`repeat_first_half`).
+    bos_id : int, optional
+        A beginning-of-sequence id that opens every window (:func:`open_with_bos`, after the
+        repeat, so repeated spans stay); must be below the model's ``vocab_size``. None (the
+        default) trains on the windows as drawn.
     val_ids : ndarray of int, optional
         Scored every ``eval_every`` steps and at the end (the first ``eval_windows_max``
         windows of :func:`evaluate`).
@@ -174,6 +198,10 @@ def train_gpt(model, train_ids, *, steps, batch_size=32, T=None, lr=3e-3, warmup
                                                                               warmup)
     if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
         raise fail(func, f"lr={lr!r} must be a positive number")
+    if bos_id is not None and not (isinstance(bos_id, (int, np.integer))
+                                   and 0 <= bos_id < model.config.vocab_size):
+        raise fail(func, f"bos_id={bos_id!r} must be an id in [0, vocab_size="
+                         f"{model.config.vocab_size})")
     rng = np.random.default_rng(seed)
     optimiser = Adam(model.parameters(), lr=lr, beta2=0.99)
     step_fn = fast_loss_and_grads if fast else (lambda m, x, y: m.loss_and_grads(x, y))
@@ -190,6 +218,8 @@ def train_gpt(model, train_ids, *, steps, batch_size=32, T=None, lr=3e-3, warmup
             x, y = random_windows(train_ids, batch_size, T, rng)
             if repeat_fraction:
                 x, y = repeat_first_half(x, y, repeat_fraction, rng)
+            if bos_id is not None:
+                x, y = open_with_bos(x, y, bos_id)
             loss, grads = step_fn(model, x, y)
             if not math.isfinite(loss):
                 raise fail(func, f"the loss is {loss} at step {step}: training diverged "
