@@ -43,6 +43,25 @@ def test_repeated_windows_repeat_their_first_half(T):
     np.testing.assert_array_equal(same, x)
 
 
+def test_repeated_spans_of_random_lengths_repeat_then_go_on_with_the_text():
+    T = 16
+    x = np.arange(5 * T).reshape(5, T) * 3
+    y = x + 3  # the stretch of each row: x then one more id
+    rx, ry = repeat_first_half(x, y, 1.0, rng=4, lengths=(3, 8))
+    stretch = np.concatenate([x, y[:, -1:]], axis=1)
+    found = set()
+    for b in range(5):
+        L = next(L for L in range(3, 9) if (rx[b, L : 2 * L] == x[b, :L]).all()
+                 and (rx[b, L:] == stretch[b, : T - L]).all())
+        found.add(L)
+        np.testing.assert_array_equal(ry[b, :-1], rx[b, 1:])  # still the next id
+    assert len(found) > 1  # the distance between the copies changes from row to row
+    np.testing.assert_array_equal(repeat_first_half(x, y, 0.0, rng=4, lengths=(3, 8))[0], x)
+    with pytest.raises(ValueError, match=r"repeat_lengths=\(2, 9\) must be \(lo, hi\)"):
+        train_gpt(GPT(CONFIG, rng=0), DATA, steps=1, repeat_fraction=0.5, repeat_lengths=(2, 9),
+                  progress=False)
+
+
 def test_bos_opens_every_window_after_the_repeat_so_the_repeated_span_stays():
     T, bos = 8, 99
     x = np.arange(3 * T).reshape(3, T)

@@ -68,8 +68,15 @@ def learning_rate(step: int, steps: int, lr: float, warmup: int) -> float:
     return lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0))))
 
 
-def repeat_first_half(x, y, fraction: float, rng) -> tuple[np.ndarray, np.ndarray]:
+def repeat_first_half(x, y, fraction: float, rng,
+                      lengths=None) -> tuple[np.ndarray, np.ndarray]:
     """Make a ``fraction`` of the windows repeat their first half: ``w[T/2:] = w[:T/2]``.
+
+    With ``lengths = (lo, hi)`` each chosen window repeats its first ``L`` ids instead, ``L``
+    drawn uniformly from ``lo .. hi`` (``hi <= T/2``) per window, and then goes on with the
+    text that followed them: ``w = s[:L], s[:T + 1 - L]`` for the window's stretch ``s``. The
+    copy then sits at a distance that changes from window to window, so a head that always
+    looks back ``T/2`` no longer finds it: only a look-up by content (an induction head) does.
 
     ``x`` and ``y`` (B, T) come from one stretch of text of ``T + 1`` ids per row; the chosen
     rows become that stretch's first ``T/2`` ids twice, so in the second half the next character
@@ -84,8 +91,16 @@ def repeat_first_half(x, y, fraction: float, rng) -> tuple[np.ndarray, np.ndarra
     """
     B, T = x.shape
     half = T // 2
-    rows = np.random.default_rng(rng).random(B) < fraction
+    rng = np.random.default_rng(rng)
+    rows = rng.random(B) < fraction
     x, y = x.copy(), y.copy()
+    if lengths is not None:
+        stretch = np.concatenate([x, y[:, -1:]], axis=1)  # the T + 1 ids of each window
+        for b, L in zip(np.flatnonzero(rows), rng.integers(lengths[0], lengths[1] + 1,
+                                                             size=int(rows.sum())), strict=True):
+            stream = np.concatenate([stretch[b, :L], stretch[b, : T + 1 - L]])
+            x[b], y[b] = stream[:T], stream[1:]
+        return x, y
     # T + 1 ids per row: the first half twice, then its first id (or two, for an odd T)
     stream = np.concatenate([x[rows, :half], x[rows, :half], x[rows, : T + 1 - 2 * half]],
                             axis=1)
@@ -146,7 +161,8 @@ def evaluate(model, ids, T=None, *, batch_size=32, max_windows=None, head_mask=N
 
 
 def train_gpt(model, train_ids, *, steps, batch_size=32, T=None, lr=3e-3, warmup=None,
-              grad_clip=1.0, seed=0, repeat_fraction=0.0, bos_id=None, val_ids=None,
+              grad_clip=1.0, seed=0, repeat_fraction=0.0, repeat_lengths=None, bos_id=None,
+              val_ids=None,
               eval_every=None, eval_windows_max=64, progress=True, fast=True,
               blas_threads=1) -> GPTHistory:
     """Train ``model`` in place with Adam on random windows of ``train_ids``.
@@ -168,6 +184,9 @@ def train_gpt(model, train_ids, *, steps, batch_size=32, T=None, lr=3e-3, warmup
         Seed of the windows (the model's initial parameters have their own).
     repeat_fraction : float
         Share of windows that repeat their first half (:func:`repeat_first_half`).
+    repeat_lengths : (int, int), optional
+        Repeat a span of random length in ``lo .. hi`` instead (:func:`repeat_first_half`'s
+        ``lengths``); ``2 <= lo <= hi <= T / 2``.
     bos_id : int, optional
         A beginning-of-sequence id that opens every window (:func:`open_with_bos`, after the
         repeat, so repeated spans stay); must be below the model's ``vocab_size``. None (the
@@ -198,6 +217,12 @@ def train_gpt(model, train_ids, *, steps, batch_size=32, T=None, lr=3e-3, warmup
                                                                               warmup)
     if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
         raise fail(func, f"lr={lr!r} must be a positive number")
+    if repeat_lengths is not None and not (
+            len(repeat_lengths) == 2
+            and all(isinstance(v, (int, np.integer)) for v in repeat_lengths)
+            and 2 <= repeat_lengths[0] <= repeat_lengths[1] <= T // 2):
+        raise fail(func, f"repeat_lengths={repeat_lengths!r} must be (lo, hi) with "
+                         f"2 <= lo <= hi <= T/2 = {T // 2}")
     if bos_id is not None and not (isinstance(bos_id, (int, np.integer))
                                    and 0 <= bos_id < model.config.vocab_size):
         raise fail(func, f"bos_id={bos_id!r} must be an id in [0, vocab_size="
@@ -217,7 +242,7 @@ def train_gpt(model, train_ids, *, steps, batch_size=32, T=None, lr=3e-3, warmup
             optimiser.lr = learning_rate(step, steps, lr, warmup)
             x, y = random_windows(train_ids, batch_size, T, rng)
             if repeat_fraction:
-                x, y = repeat_first_half(x, y, repeat_fraction, rng)
+                x, y = repeat_first_half(x, y, repeat_fraction, rng, repeat_lengths)
             if bos_id is not None:
                 x, y = open_with_bos(x, y, bos_id)
             loss, grads = step_fn(model, x, y)
