@@ -1,5 +1,5 @@
-r"""An attention sink on BOS and an induction head, trained into lesson 09's GPT on Tiny
-Shakespeare, and measured.
+r"""Lesson 09's GPT trained so that an attention sink on BOS and an induction head can appear
+on Tiny Shakespeare, and what was measured (the sink did; at this budget, no induction head).
 
 Taught in ``notebooks/deep_dives/13d_sink_and_induction_trained.ipynb``. The recipe is a dict
 (the model's config, its seeds, its training, as in :mod:`mha_course.models.shakespeare`); the
