@@ -82,12 +82,26 @@ def _chunked(q, k, v, a, C, kind="right"):
     return np.concatenate(out)
 
 
+def _bos(scores, t_min, kind="right"):
+    T = scores.shape[-1]
+    mask = np.tril(np.ones((T, T), dtype=bool))
+    w = {"no_mask": lambda: softmax(scores), "wrong_axis": lambda: softmax(scores, axis=-2,
+                                                                          mask=mask)
+         }.get(kind, lambda: softmax(scores, mask=mask))()
+    start = {"from_zero": 0, "off_by_one": t_min + 1}.get(kind, t_min)
+    col = w[:, :, start:, 0]
+    if kind == "no_batch_mean":
+        return col.mean(axis=-1)
+    return col.mean(axis=(0, 2))
+
+
 CORRECT_12 = {
     "13.1": ("check_capped_weights", _capped),
     "13.2": ("check_sink_softmax", _sink),
     "13.3": ("check_qk_norm_fused", _qk),
     "13.4": ("check_delta_write", _delta),
     "13.5": ("check_chunked_scan", _chunked),
+    "13.6": ("check_bos_mass", _bos),
 }
 
 
@@ -140,6 +154,18 @@ MISTAKES = [
      r"leaves out its diagonal"),
     ("scan-whole-matrix", "check_chunked_scan", _kind(_chunked, "whole_matrix"),
      r"that is the whole masked matrix"),
+    ("bos-no-mask", "check_bos_mass", _kind(_bos, "no_mask"), r"the causal mask is forgotten"),
+    ("bos-wrong-axis", "check_bos_mass", _kind(_bos, "wrong_axis"),
+     r"normalises over the wrong axis"),
+    ("bos-counts-t0", "check_bos_mass", _kind(_bos, "from_zero"),
+     r"the queries before t_min are counted: at t = 0"),
+    ("bos-off-by-one", "check_bos_mass", _kind(_bos, "off_by_one"), r"off by one"),
+    ("bos-no-batch-mean", "check_bos_mass", _kind(_bos, "no_batch_mean"),
+     r"the mean over the examples is missing"),
+    ("bos-calls-the-package", "check_bos_mass",
+     lambda s, t: mha_course.models.phenomena.first_position_mass(
+         [softmax(s, mask=np.tril(np.ones(s.shape[-2:], dtype=bool)))], t)[0],
+     r"asks you to measure the mass yourself"),
     ("scan-calls-the-package", "check_chunked_scan",
      lambda q, k, v, a, C: mha_course.variants.ssd.ssd_chunked(q, k, v, a, C)[0],
      r"asks you to write the chunked scan yourself"),

@@ -7,7 +7,8 @@ check cell (see :mod:`mha_course.checks`). The references come from the package 
 :func:`mha_course.variants.logit_control.qk_norm`,
 :func:`mha_course.variants.sinks.softmax_with_sink`,
 :func:`mha_course.variants.delta_rule.delta_rule` and
-:func:`mha_course.variants.ssd.ssd_recurrent` (13.5, the chunked scan of deep dive 13c).
+:func:`mha_course.variants.ssd.ssd_recurrent` (13.5, the chunked scan of deep dive 13c) and
+:func:`mha_course.models.phenomena.first_position_mass` (13.6, the sink of deep dive 13d).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..attention import causal_mask
+from ..models.phenomena import first_position_mass
 from ..softmax import softmax
 from ..variants.delta_rule import delta_rule
 from ..variants.logit_control import qk_norm, soft_cap
@@ -23,7 +25,7 @@ from ..variants.ssd import ssd_recurrent
 from .harness import call, compare, fail, fmt, passed
 from .measure import check_rng
 
-__all__ = ["check_capped_weights", "check_chunked_scan", "check_delta_write",
+__all__ = ["check_bos_mass", "check_capped_weights", "check_chunked_scan", "check_delta_write",
            "check_qk_norm_fused", "check_sink_softmax"]
 
 
@@ -284,3 +286,50 @@ def _chunked_case(ex, fn, q, k, v, a, C):
                  "(L_tt = 1: the state is written before it is read)",
                  wrong(diagonal=False)),
             ])
+
+
+# ---------------------------------------------------------------------------------- 13.6
+def check_bos_mass(fn) -> None:
+    """Exercise 13.6: ``bos_mass(scores, t_min)``: every head's mean causal attention weight
+    on position 0 (the BOS), over the examples and the queries at ``t >= t_min``."""
+    ex = "13.6"
+    rng = check_rng(1206)
+    for B, h, T, t_min in ((3, 4, 9, 2), (2, 3, 12, 5), (1, 2, 7, 1)):
+        scores = rng.normal(size=(B, h, T, T))
+        scores[:, 0, :, 0] += 3.0  # head 0 is a sink: its queries favour position 0
+        _bos_case(ex, fn, scores, t_min)
+    passed(ex, "the mass on position 0 matches the causal softmax's weight averaged over the "
+               "examples and the queries t >= t_min, for 3 shapes (B, h, T, T), a sink head "
+               "among them")
+
+
+def _bos_case(ex, fn, scores, t_min):
+    B, h, T, _ = scores.shape
+    mask = causal_mask(T)
+    want = first_position_mass([softmax(scores, mask=mask)], t_min)[0]
+    got = call(ex, fn, (scores, t_min), ("scores", "t_min"), forbid={
+        "mha_course.models.phenomena.first_position_mass": "measure the mass yourself",
+        "mha_course.models.specialisation.pattern_score": "measure the mass yourself"})
+
+    def mean_col0(w, start=t_min):
+        return w[:, :, start:, 0].mean(axis=(0, 2))
+
+    compare(ex, got, want, f"your mass for scores {(B, h, T, T)}, t_min {t_min}", "(h,)",
+            variants=[
+                ("the causal mask is forgotten: every query also weighs the keys after it, "
+                 "so the weights on position 0 are too small; mask the future keys before the "
+                 "softmax", lambda: mean_col0(softmax(scores))),
+                ("the softmax normalises over the wrong axis (the queries, axis -2): each "
+                 "query's weights over the keys it can see must sum to 1, so normalise over "
+                 "the keys, the last axis", lambda: mean_col0(softmax(scores, axis=-2,
+                                                                      mask=mask))),
+                ("the queries before t_min are counted: at t = 0 the only key is position 0, "
+                 "whose weight is trivially 1, and the first queries see few keys; average "
+                 "over t >= t_min only", lambda: mean_col0(softmax(scores, mask=mask), 0)),
+                ("off by one: the query at t_min is left out; count t >= t_min",
+                 lambda: mean_col0(softmax(scores, mask=mask), t_min + 1)),
+            ],
+            shape_hints={(B, h): "the mean over the examples is missing: average over the "
+                                 "batch and the queries, one number per head",
+                         (h, T - t_min): "the mean over the queries is missing: one number "
+                                         "per head"})

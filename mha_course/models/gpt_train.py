@@ -4,9 +4,10 @@ Taught in ``notebooks/09_tiny_gpt.ipynb``.
 
 :func:`train_gpt` draws ``batch_size`` random windows of the training ids at every step
 (:func:`~mha_course.models.corpus.random_windows`; with ``repeat_fraction`` a share of them
-repeat their first half, the induction probe of deep dive 09a §5), takes the loss and gradients
-(the fast step of :mod:`mha_course.models.gpt_fast` by default, or the readable
-``GPT.loss_and_grads``: the same numbers, tested), clips the gradients' global norm, and
+repeat their first half, the induction probe of deep dive 09a §5; with ``bos_id`` every window
+opens with a beginning-of-sequence id, :func:`open_with_bos`, the sink of deep dive 13d), takes
+the loss and gradients (the fast step of :mod:`mha_course.models.gpt_fast` by default, or the
+readable ``GPT.loss_and_grads``: the same numbers, tested), clips the gradients' global norm, and
 updates every parameter with lesson 08's :class:`~mha_course.models.train.Adam`. The learning
 rate warms up linearly, then follows a cosine down to a tenth of its peak. BLAS runs on
 ``blas_threads`` threads (default 1: tiny matrices gain nothing from more, and one thread makes a
@@ -29,7 +30,8 @@ from .gpt_fast import fast_logits, fast_loss_and_grads
 from .tiny_model import cross_entropy
 from .train import Adam
 
-__all__ = ["GPTHistory", "evaluate", "learning_rate", "repeat_first_half", "train_gpt"]
+__all__ = ["GPTHistory", "evaluate", "learning_rate", "open_with_bos", "repeat_first_half",
+           "train_gpt"]
 
 
 @dataclass
@@ -66,8 +68,15 @@ def learning_rate(step: int, steps: int, lr: float, warmup: int) -> float:
     return lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0))))
 
 
-def repeat_first_half(x, y, fraction: float, rng) -> tuple[np.ndarray, np.ndarray]:
+def repeat_first_half(x, y, fraction: float, rng,
+                      lengths=None) -> tuple[np.ndarray, np.ndarray]:
     """Make a ``fraction`` of the windows repeat their first half: ``w[T/2:] = w[:T/2]``.
+
+    With ``lengths = (lo, hi)`` each chosen window repeats its first ``L`` ids instead, ``L``
+    drawn uniformly from ``lo .. hi`` (``hi <= T/2``) per window, and then goes on with the
+    text that followed them: ``w = s[:L], s[:T + 1 - L]`` for the window's stretch ``s``. The
+    copy then sits at a distance that changes from window to window, so a head that always
+    looks back ``T/2`` no longer finds it: only a look-up by content (an induction head) does.
 
     ``x`` and ``y`` (B, T) come from one stretch of text of ``T + 1`` ids per row; the chosen
     rows become that stretch's first ``T/2`` ids twice, so in the second half the next character
@@ -82,13 +91,38 @@ def repeat_first_half(x, y, fraction: float, rng) -> tuple[np.ndarray, np.ndarra
     """
     B, T = x.shape
     half = T // 2
-    rows = np.random.default_rng(rng).random(B) < fraction
+    rng = np.random.default_rng(rng)
+    rows = rng.random(B) < fraction
     x, y = x.copy(), y.copy()
+    if lengths is not None:
+        stretch = np.concatenate([x, y[:, -1:]], axis=1)  # the T + 1 ids of each window
+        for b, L in zip(np.flatnonzero(rows), rng.integers(lengths[0], lengths[1] + 1,
+                                                             size=int(rows.sum())), strict=True):
+            stream = np.concatenate([stretch[b, :L], stretch[b, : T + 1 - L]])
+            x[b], y[b] = stream[:T], stream[1:]
+        return x, y
     # T + 1 ids per row: the first half twice, then its first id (or two, for an odd T)
     stream = np.concatenate([x[rows, :half], x[rows, :half], x[rows, : T + 1 - 2 * half]],
                             axis=1)
     x[rows], y[rows] = stream[:, :T], stream[:, 1 : T + 1]
     return x, y
+
+
+def open_with_bos(x, y, bos_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Open every window with ``bos_id``: ``x = [BOS, w_0 .. w_{T-2}]``, ``y = [w_0 .. w_{T-1}]``.
+
+    ``x`` (B, T) holds ``w_0 .. w_{T-1}`` (``y`` is ``x`` shifted by one, so it is not needed
+    again): the window keeps its length, loses its last input and gains a first query whose
+    target is the window's first character. Trusts its inputs (:func:`train_gpt` validates).
+
+    Examples
+    --------
+    >>> x, y = np.arange(4)[None], np.arange(1, 5)[None]
+    >>> [a.tolist() for a in open_with_bos(x, y, 9)]
+    [[[9, 0, 1, 2]], [[0, 1, 2, 3]]]
+    """
+    bos = np.full((x.shape[0], 1), bos_id, dtype=x.dtype)
+    return np.concatenate([bos, x[:, :-1]], axis=1), x.copy()
 
 
 def evaluate(model, ids, T=None, *, batch_size=32, max_windows=None, head_mask=None,
@@ -127,8 +161,10 @@ def evaluate(model, ids, T=None, *, batch_size=32, max_windows=None, head_mask=N
 
 
 def train_gpt(model, train_ids, *, steps, batch_size=32, T=None, lr=3e-3, warmup=None,
-              grad_clip=1.0, seed=0, repeat_fraction=0.0, val_ids=None, eval_every=None,
-              eval_windows_max=64, progress=True, fast=True, blas_threads=1) -> GPTHistory:
+              grad_clip=1.0, seed=0, repeat_fraction=0.0, repeat_lengths=None, bos_id=None,
+              val_ids=None,
+              eval_every=None, eval_windows_max=64, progress=True, fast=True,
+              blas_threads=1) -> GPTHistory:
     """Train ``model`` in place with Adam on random windows of ``train_ids``.
 
     Parameters
@@ -148,6 +184,13 @@ def train_gpt(model, train_ids, *, steps, batch_size=32, T=None, lr=3e-3, warmup
         Seed of the windows (the model's initial parameters have their own).
     repeat_fraction : float
         Share of windows that repeat their first half (:func:`repeat_first_half`).
+    repeat_lengths : (int, int), optional
+        Repeat a span of random length in ``lo .. hi`` instead (:func:`repeat_first_half`'s
+        ``lengths``); ``2 <= lo <= hi <= T / 2``.
+    bos_id : int, optional
+        A beginning-of-sequence id that opens every window (:func:`open_with_bos`, after the
+        repeat, so repeated spans stay); must be below the model's ``vocab_size``. None (the
+        default) trains on the windows as drawn.
     val_ids : ndarray of int, optional
         Scored every ``eval_every`` steps and at the end (the first ``eval_windows_max``
         windows of :func:`evaluate`).
@@ -174,6 +217,16 @@ def train_gpt(model, train_ids, *, steps, batch_size=32, T=None, lr=3e-3, warmup
                                                                               warmup)
     if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
         raise fail(func, f"lr={lr!r} must be a positive number")
+    if repeat_lengths is not None and not (
+            len(repeat_lengths) == 2
+            and all(isinstance(v, (int, np.integer)) for v in repeat_lengths)
+            and 2 <= repeat_lengths[0] <= repeat_lengths[1] <= T // 2):
+        raise fail(func, f"repeat_lengths={repeat_lengths!r} must be (lo, hi) with "
+                         f"2 <= lo <= hi <= T/2 = {T // 2}")
+    if bos_id is not None and not (isinstance(bos_id, (int, np.integer))
+                                   and 0 <= bos_id < model.config.vocab_size):
+        raise fail(func, f"bos_id={bos_id!r} must be an id in [0, vocab_size="
+                         f"{model.config.vocab_size})")
     rng = np.random.default_rng(seed)
     optimiser = Adam(model.parameters(), lr=lr, beta2=0.99)
     step_fn = fast_loss_and_grads if fast else (lambda m, x, y: m.loss_and_grads(x, y))
@@ -189,7 +242,9 @@ def train_gpt(model, train_ids, *, steps, batch_size=32, T=None, lr=3e-3, warmup
             optimiser.lr = learning_rate(step, steps, lr, warmup)
             x, y = random_windows(train_ids, batch_size, T, rng)
             if repeat_fraction:
-                x, y = repeat_first_half(x, y, repeat_fraction, rng)
+                x, y = repeat_first_half(x, y, repeat_fraction, rng, repeat_lengths)
+            if bos_id is not None:
+                x, y = open_with_bos(x, y, bos_id)
             loss, grads = step_fn(model, x, y)
             if not math.isfinite(loss):
                 raise fail(func, f"the loss is {loss} at step {step}: training diverged "

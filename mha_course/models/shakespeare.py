@@ -99,7 +99,9 @@ def build_model(recipe, dtype=np.float32) -> GPT:
 def train_recipe(recipe, *, steps=None, progress=True, val_every=None):
     """Build ``recipe``'s model and train it on the training split; return (model, history).
 
-    ``steps`` overrides the recipe's (a test retrains the first few steps).
+    ``steps`` overrides the recipe's (a test retrains the first few steps). A recipe with a
+    ``bos_id`` opens every window with it, one with ``repeat_lengths`` repeats spans of random
+    lengths (deep dive 13d's model); lesson 09's recipes have neither.
     """
     _, train_ids, val_ids = corpus()
     model = build_model(recipe)
@@ -107,6 +109,8 @@ def train_recipe(recipe, *, steps=None, progress=True, val_every=None):
                         batch_size=recipe["batch_size"], T=recipe["T"], lr=recipe["lr"],
                         warmup=max(1, recipe["steps"] // 20), seed=recipe["train_seed"],
                         repeat_fraction=recipe.get("repeat_fraction", 0.0),
+                        repeat_lengths=recipe.get("repeat_lengths"),
+                        bos_id=recipe.get("bos_id"),
                         val_ids=val_ids if val_every else None, eval_every=val_every,
                         progress=progress)
     return model, history
