@@ -291,8 +291,9 @@ def test_reload_or_recompute_the_crossover():
     def recompute(n):
         return prefill_cost(llama8, n)["flops"] / H100["flops_per_s"]
 
-    for n in (1024, 32768):
-        assert cache_bytes(llama8, n) / 64e9 < recompute(n)  # PCIe 5.0 x16: reload wins
+    for cfg in (llama8, MODELS["Llama 3 70B"]):  # PCIe 5.0 x16: reloading wins at every length
+        for n in range(64, 131_072, 4096):
+            assert cache_bytes(cfg, n) / 64e9 < prefill_cost(cfg, n)["flops"] / H100["flops_per_s"]
     cross = next(n for n in range(64, 200_000, 64) if cache_bytes(llama8, n) / 7e9 < recompute(n))
     assert cross == 13_440
     assert cache_bytes(llama8, cross - 64) / 7e9 >= recompute(cross - 64)
