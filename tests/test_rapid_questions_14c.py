@@ -285,6 +285,10 @@ def test_disaggregation_prefill_compute_bound_decode_memory_bound_and_the_transf
     assert kv / 50e9 < pre["flops"] / (8 * H100["flops_per_s"])
 
 
+PCIE5 = 32e9 * 16 * (128 / 130) / 8  # PCIe 5.0 x16, one direction (PCI-SIG)
+NVME = 7.45e9  # Samsung 990 PRO, sequential read
+
+
 def test_reload_or_recompute_the_crossover():
     llama8 = MODELS["Llama 3 8B"]
 
@@ -293,10 +297,10 @@ def test_reload_or_recompute_the_crossover():
 
     for cfg in (llama8, MODELS["Llama 3 70B"]):  # PCIe 5.0 x16: reloading wins at every length
         for n in range(64, 131_072, 4096):
-            assert cache_bytes(cfg, n) / 64e9 < prefill_cost(cfg, n)["flops"] / H100["flops_per_s"]
-    cross = next(n for n in range(64, 200_000, 64) if cache_bytes(llama8, n) / 7e9 < recompute(n))
-    assert cross == 13_440
-    assert cache_bytes(llama8, cross - 64) / 7e9 >= recompute(cross - 64)
+            assert cache_bytes(cfg, n) / PCIE5 < prefill_cost(cfg, n)["flops"] / H100["flops_per_s"]
+    cross = next(n for n in range(1, 200_000) if cache_bytes(llama8, n) / NVME < recompute(n))
+    assert cross == 9_119  # deep dive 10d §2's crossover, from the same links
+    assert cache_bytes(llama8, 1024) / NVME > recompute(1024) > cache_bytes(llama8, 1024) / PCIE5
 
 
 def test_mla_cache_has_no_head_axis_so_tensor_parallelism_cannot_split_it():
