@@ -1,7 +1,7 @@
-"""Lessons 14 and 15, the interview drill: its rapid questions (lesson 14 and its deep dives 14a
-and 14b) are folded, linked and mapped, its catalogue (lesson 15) lists the drill's exercises, and
-an instructor can bundle drill exercises with ``assign`` and check the result like any other (end
-to end, once).
+"""Lessons 14 and 15, the interview drill: its rapid questions (lesson 14 and its deep dives 14a,
+14b and 14c) are folded, linked, mapped and counted where lesson 14 points to them, its catalogue
+(lesson 15) lists the drill's exercises, and an instructor can bundle drill exercises with
+``assign`` and check the result like any other (end to end, once).
 """
 
 from __future__ import annotations
@@ -86,6 +86,40 @@ def test_every_numbers_question_has_a_self_check_in_the_outputs():
     for n, (kind, _) in _drill_map().items():
         if kind == "numbers":
             assert f"Q{n} self-check: " in outputs, f"Q{n} asks for a number and computes none"
+
+
+_TENS = {"twenty": 20, "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70,
+         "eighty": 80, "ninety": 90}
+_UNITS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
+          "eight": 8, "nine": 9}
+
+
+def _number(words: str) -> int:
+    """``Fifty-six`` -> 56 (the counts lesson 14 spells out: 20 to 99)."""
+    tens, _, units = words.lower().partition("-")
+    return _TENS[tens] + (_UNITS[units] if units else 0)
+
+
+def test_lesson_14_counts_and_links_the_questions_of_its_deep_dives():
+    # "Thirty-eight more questions are in ... 14a and 14b" stayed true only until 14c came.
+    lesson = nbformat.read(QUESTIONS[0], as_version=4)
+    deep_dives = QUESTIONS[1:]
+    in_deep_dives = sum(path in deep_dives for _, path in _questions().values())
+    opening, last = lesson.cells[0].source, lesson.cells[-1].source
+    said = re.search(r"([A-Z][a-z]+(?:-[a-z]+)?) more questions are in the optional deep", opening)
+    assert said and _number(said.group(1)) == in_deep_dives, (
+        f"lesson 14 says {said and said.group(1)!r} more questions; its deep dives hold "
+        f"{in_deep_dives}")
+    printed = "".join(o.get("text", "") for c in lesson.cells if c.cell_type == "code"
+                      for o in c.outputs)
+    assert re.findall(r"\((\d+) more in deep dives", printed) == [str(in_deep_dives)]
+    for path in deep_dives:
+        link = f"](deep_dives/{path.name})"
+        assert link in opening and link in last, f"lesson 14 does not point to {path.name}"
+
+
+def test_number_words():
+    assert [_number(w) for w in ("Thirty-eight", "Fifty-six", "forty")] == [38, 56, 40]
 
 
 def test_the_catalogue_lists_every_spot_the_bug_exercise_of_the_solutions():
