@@ -414,3 +414,16 @@ def test_readme_groups_the_lessons_into_the_course_parts():
     text = (ROOT / "README.md").read_text(encoding="utf-8").split("## The lessons", 1)[1]
     for part in ("Part I", "Part II", "Part III", "interview (14, 15)"):
         assert part in text.split("\n## ", 1)[0], f"the lesson path has no {part}"
+
+
+def test_readme_headline_times_are_the_lessons_reading_times():
+    """The first screen's "7 h 40 min of reading" and "29 optional deep dives add ..." stay true."""
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    core = re.search(r"The course takes (\d+) h (\d+) min of reading\*\* on the core path", text)
+    dives = re.search(r"(\d+) optional deep dives add (\d+) h(?: (\d+) min)?", text)
+    assert core and dives, "the README's first screen does not say how long the course takes"
+    lessons = sorted(p.name[:2] for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    extra = sorted(p.name[:3] for p in (ROOT / "notebooks/deep_dives").glob("*.ipynb"))
+    assert abs(60 * int(core[1]) + int(core[2]) - _minutes(lessons)) <= 5
+    assert int(dives[1]) == len(extra)
+    assert abs(60 * int(dives[2]) + int(dives[3] or 0) - _minutes(extra)) <= 5
