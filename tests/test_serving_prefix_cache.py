@@ -91,3 +91,47 @@ def test_paged_cache_add_sequence_retain_release_and_truncate():
         pool.add_sequence(blocks=[5])
     with pytest.raises(ValueError, match=r"PagedKVCache.truncate: length=4 must be between 0"):
         pool.truncate(pool.add_sequence(), 4)
+
+
+def _serve_and_free(cache, prompt):
+    """Lesson 10's server for one request: look up, prefill the rest, index, free."""
+    blocks = cache.lookup(prompt)
+    seq = cache.store.new_sequence(blocks)
+    DEC.step(np.asarray(prompt)[len(blocks) * cache.store.block_size:], seq)
+    cache.insert(prompt, seq)
+    cache.store.free(seq)
+
+
+def test_eviction_shortens_a_shared_prefix_from_its_end():
+    # A system prompt of 3 blocks, then 4 questions of 2 blocks each: the questions' blocks go
+    # first, then the prompt's from its last block; a new request always finds what is left.
+    rng = np.random.default_rng(3)
+    system = rng.integers(0, 11, 6)
+    cache = PrefixCache(PagedStore(DEC, n_blocks=64, block_size=2))
+    for _ in range(4):
+        _serve_and_free(cache, np.concatenate([system, rng.integers(0, 11, 5)]))
+    probe = np.concatenate([system, [1, 2]])
+    found = []
+    while cache.evict_one():
+        found.append(len(cache.lookup(probe)))
+    assert found == [3] * 8 + [2, 1, 0]
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 9)), min_size=1, max_size=10),
+       st.integers(0, 9999))
+def test_eviction_never_strands_a_block_behind_an_evicted_one(turns, seed):
+    # Branching prompts over shared headers; after every eviction each indexed block's
+    # predecessor in its chain is still indexed (a key stands for its whole prefix).
+    rng = np.random.default_rng(seed)
+    headers = [rng.integers(0, 11, n) for n in (4, 7, 9)]
+    cache = PrefixCache(PagedStore(DEC, n_blocks=256, block_size=2))
+    parent = {}
+    for h, extra in turns:
+        prompt = np.concatenate([headers[h], rng.integers(0, 11, extra + 1)])
+        keys = block_keys(prompt, 2)
+        parent.update(zip(keys[1:], keys[:-1], strict=False))
+        _serve_and_free(cache, prompt)
+    while cache.evict_one():
+        assert all(parent[k] in cache.index for k in cache.index if k in parent)
+    assert len(cache) == 0

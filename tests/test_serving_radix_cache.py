@@ -217,9 +217,9 @@ def test_capacity_evicts_on_insert_but_never_the_new_path():
 
 
 # ---------------------------------------------------------- against lesson 10's block hashes
-def _serve_both(prompts, block=16, vocab=1000):
+def _serve_both(prompts, cache_class=PrefixCache, block=16, vocab=1000):
     dec = Decoder.random(vocab=vocab, d_model=8, n_layers=1, h=2, rng=0)
-    blocks = PrefixCache(PagedStore(dec, n_blocks=1024, block_size=block))
+    blocks = cache_class(PagedStore(dec, n_blocks=1024, block_size=block))
     radix = RadixCache()
     reused_b, reused_r = [], []
     for p in prompts:
@@ -263,16 +263,34 @@ def test_radix_reuses_the_longest_prefix_and_blocks_round_it_down():
     assert reused_r[1:] == [200] * 15 and reused_b[1:] == [192] * 15  # the notebook's (a)
 
 
-def test_block_eviction_strands_a_chain_where_the_radix_tree_keeps_the_prefix():
-    system, shared, _ = _shared_and_chats()
-    blocks, radix, _, _ = _serve_both(shared)
-    keys = block_keys(system, 16)
+class _HeadFirst(PrefixCache):
+    """Deep dive 10d §3's mistake: a chain touched in prompt order, so its head is the oldest."""
+
+    def touch(self, keys):
+        for key in keys:
+            self.index.move_to_end(key)
+
+
+def _evict_until_the_prompt_is_cut(blocks, keys):
     n = 0
     while all(k in blocks.index for k in keys):
         assert blocks.evict_one()
         n += 1
-    assert keys[0] not in blocks.index and all(k in blocks.index for k in keys[1:])
-    assert blocks.lookup(np.concatenate([system, [1, 2]])) == []  # the rest: unreachable
+    return n
+
+
+def test_head_first_eviction_strands_a_chain_tail_first_and_the_radix_tree_keep_the_prefix():
+    system, shared, _ = _shared_and_chats()
+    keys = block_keys(system, 16)
+    probe = np.concatenate([system, [1, 2]])
+    wrong, _, _, _ = _serve_both(shared, _HeadFirst)
+    assert _evict_until_the_prompt_is_cut(wrong, keys) == 24  # the notebook's 24
+    assert keys[0] not in wrong.index and all(k in wrong.index for k in keys[1:])
+    assert wrong.lookup(probe) == []  # the rest: held, unreachable
+    blocks, radix, _, _ = _serve_both(shared)
+    held = len(blocks)
+    assert _evict_until_the_prompt_is_cut(blocks, keys) == held - len(keys) + 1
+    assert len(blocks.lookup(probe)) == len(keys) - 1  # only the prompt's last block went
     questions = radix.tokens_held - 200
     while radix.tokens_held > 200:
         assert radix.match(system) == 200

@@ -17,6 +17,13 @@ keep them alive while shared. After a prompt is prefilled, its full blocks are i
 least recently used block that nothing but the index holds is released
 (:meth:`PrefixCache.evict_one`). A partly filled block is never indexed: its later positions
 are still to be written, and may differ between the requests that would share it.
+
+A lookup or an insert marks a chain's blocks as used **tail first** (:meth:`PrefixCache.touch`),
+so a chain's first block is always its most recently used and eviction takes chains from their
+ends: a key stands for its whole prefix, so evicting a chain's head first would strand the rest,
+held but unreachable. vLLM does the same by freeing a finished request's blocks in reverse order
+("so that the tail blocks are evicted first", ``KVCacheManager.free`` in
+``vllm/v1/core/kv_cache_manager.py``).
 """
 
 from __future__ import annotations
@@ -88,20 +95,30 @@ class PrefixCache:
         for key in keys:
             if key not in self.index:
                 break
-            self.index.move_to_end(key)  # used now
             blocks.append(self.index[key])
+        self.touch(keys[:len(blocks)])
         self.hit_blocks += len(blocks)
         return blocks
+
+    def touch(self, keys) -> None:
+        """Mark a chain's blocks (``keys`` in prompt order) as used now, the last first.
+
+        Its first block ends as the most recently used of all, its last as the least of the
+        chain: eviction then shortens a cached prefix from its end and never strands a block
+        behind an evicted one.
+        """
+        for key in reversed(keys):
+            self.index.move_to_end(key)
 
     def insert(self, prompt, seq: PagedSequence) -> None:
         """Index the full blocks of ``prompt``, whose keys and values ``seq`` now holds."""
         table = seq.block_table
-        for key, block in zip(block_keys(prompt, self.store.block_size), table, strict=False):
-            if key in self.index:
-                self.index.move_to_end(key)
-            else:
+        keys = block_keys(prompt, self.store.block_size)[:len(table)]
+        for key, block in zip(keys, table, strict=False):
+            if key not in self.index:
                 self.index[key] = block
                 self.store.retain(block)
+        self.touch(keys)
 
     def evict_one(self, keep=()) -> bool:
         """Release the least recently used indexed block that only the index holds.
